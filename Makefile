@@ -1,0 +1,34 @@
+# The README's two commands live here. Each creates .venv and installs what it needs on a fresh machine.
+#   make demo   train a small GPT on Tiny Shakespeare on the CPU (~2 minutes on 2 cores), then sample from it
+#   make test   lint and run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+SHARED ?= ../shared/data
+BIN := $(VENV)/bin
+# Tiny Shakespeare: the offline copy in ../shared when present, else `gptforge prepare` downloads it.
+SHAKESPEARE ?= $(wildcard $(SHARED)/tinyshakespeare/input.txt)
+
+.PHONY: demo test install lint clean
+
+$(BIN)/gptforge: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(BIN)/gptforge
+
+demo: install
+	$(BIN)/gptforge prepare shakespeare_char $(if $(SHAKESPEARE),--input $(SHAKESPEARE))
+	$(BIN)/gptforge train config/train_shakespeare_char_cpu.py
+	$(BIN)/gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=300
+
+lint: install
+	$(BIN)/ruff check src tests
+
+test: lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) out-shakespeare-char data/shakespeare_char .pytest_cache

@@ -1,0 +1,6 @@
+"""`python -m gptforge ...` (and `torchrun -m gptforge ...`) runs the same CLI as the `gptforge` script."""
+
+from gptforge.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The `gptforge` command: prepare data, train, sample.
+
+    gptforge prepare shakespeare_char --input ../shared/data/tinyshakespeare/input.txt
+    gptforge train config/train_shakespeare_char_cpu.py
+    gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3
+
+Each subcommand imports its module only when it runs, so `gptforge --help` is instant. Exit codes: 0 success,
+2 a user error (one message on stderr, no traceback), 1 anything else (a bug: the traceback is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from gptforge import __version__
+from gptforge.errors import UserError
+
+TRAIN_USAGE = """usage: gptforge train [CONFIG_FILE ...] [--key=value | --key value ...]
+
+Train a GPT (nanoGPT's train.py). CONFIG_FILEs are nanoGPT-style `name = value` files, read as data; options
+override them, in order, the last one winning. Examples:
+
+  gptforge train config/train_shakespeare_char.py --device=cpu --compile=False --max_iters=2000
+  torchrun --standalone --nproc_per_node=4 -m gptforge train config/train_gpt2.py
+
+config keys (--key=DEFAULT  (type)):
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gptforge", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"gptforge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    def fmt(prog: str) -> argparse.HelpFormatter:
+        return argparse.ArgumentDefaultsHelpFormatter(prog, max_help_position=30, width=110)
+
+    p = sub.add_parser("prepare", help="tokenize a dataset into data/<name>/{train,val}.bin", formatter_class=fmt,
+                       description="Tokenize a dataset into <data_dir>/<name>/train.bin, val.bin and meta.json.")
+    p.add_argument("recipe", choices=["shakespeare_char", "shakespeare", "text"], help="what to prepare")
+    p.add_argument("files", nargs="*", help="input text files (recipe 'text')")
+    p.add_argument("--input", default=None, help="local copy of the recipe's source file (skips the download)")
+    p.add_argument("--data_dir", default="data", help="folder that receives the dataset folder")
+    p.add_argument("--name", default=None, help="dataset name for recipe 'text' (folder <data_dir>/<name>)")
+    p.add_argument("--tokenizer", default="char", choices=["char", "gpt2"], help="tokenizer for recipe 'text'")
+    p.add_argument("--val_fraction", type=float, default=0.1, help="share of the tokens held out for validation")
+
+    sub.add_parser("train", help="train a GPT (nanoGPT config files and --key=value options)", add_help=False)
+
+    p = sub.add_parser("sample", help="sample text from a trained run", formatter_class=fmt,
+                       description="Print samples from <out_dir>/ckpt.pt to stdout, each followed by a line of dashes.")
+    p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt")
+    p.add_argument("--start", default="\n",
+                   help="prompt text, or FILE:path to read it from a file (default: a newline)")
+    p.add_argument("--num_samples", type=int, default=10, help="samples to draw")
+    p.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample")
+    p.add_argument("--temperature", type=float, default=0.8, help="< 1 sharper, > 1 more random, 0 greedy")
+    p.add_argument("--top_k", type=int, default=200, help="sample from the k likeliest tokens only (0 = all)")
+    p.add_argument("--seed", type=int, default=1337, help="random seed: the same seed gives the same samples")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
+    return parser
+
+
+def run(argv: Sequence[str]) -> int:
+    argv = list(argv)
+    if argv and argv[0] == "train":
+        return run_train(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "prepare":
+        from gptforge.data.prepare import prepare
+
+        if args.recipe != "text" and args.files:
+            raise UserError(f"recipe {args.recipe!r} takes no FILE arguments; use --input PATH for a local copy")
+        prepare(args.recipe, data_dir=args.data_dir, input_path=args.input, files=args.files, name=args.name,
+                tokenizer=args.tokenizer, val_fraction=args.val_fraction)
+    elif args.command == "sample":
+        from gptforge.sample import SampleArgs, sample
+
+        sample(SampleArgs(**{k: v for k, v in vars(args).items() if k != "command"}))
+    return 0
+
+
+def run_train(args: list[str]) -> int:
+    from gptforge.config import help_text, load_config
+
+    if "-h" in args or "--help" in args:
+        print(TRAIN_USAGE + help_text())
+        return 0
+    cfg = load_config(args)
+    from gptforge.train import train
+
+    train(cfg)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+    except UserError as e:
+        print(f"gptforge: error: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print("gptforge: interrupted", file=sys.stderr)
+        code = 130
+    except BrokenPipeError:  # `gptforge sample | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)

@@ -1,0 +1,272 @@
+"""Training configuration: one flat dataclass with nanoGPT's keys and defaults, plus a few of our own.
+
+Config files are nanoGPT's: Python files of `name = value` lines. They are read as data with `ast` (literals
+and plain arithmetic such as `5 * 8`), never executed. Command-line overrides come after or between them,
+in the order given, and the last one wins:
+
+    gptforge train config/train_shakespeare_char.py --device=cpu --compile=False --max_iters 2000
+
+Values are parsed as Python literals, falling back to the raw string; each must match the type of its default
+(an int may stand where a float is expected). Unknown keys fail with the closest valid names.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gptforge.errors import UserError
+
+
+def _f(default: Any, doc: str) -> Any:
+    """A dataclass field carrying its documentation (shown by `gptforge train --help`)."""
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass
+class TrainConfig:
+    # --- I/O -------------------------------------------------------------------------------------------------
+    out_dir: str = _f("out", "run folder: ckpt.pt, config.json, metrics.jsonl, log.txt")
+    eval_interval: int = _f(2000, "optimizer steps between evaluations (val loss, checkpoint)")
+    log_interval: int = _f(1, "optimizer steps between log lines; each line costs a host sync")
+    eval_iters: int = _f(200, "batches per split averaged by each evaluation; more = less noisy, slower")
+    eval_only: bool = _f(False, "evaluate once and exit (with init_from='resume' or a pretrained model)")
+    always_save_checkpoint: bool = _f(True, "checkpoint at every evaluation, not only when val loss improves")
+    init_from: str = _f("scratch", "'scratch' (new model) or 'resume' (continue from out_dir/ckpt.pt)")
+    # --- wandb ---------------------------------------------------------------------------------------------
+    wandb_log: bool = _f(False, "log metrics to Weights & Biases (pip install 'gptforge[wandb]')")
+    wandb_project: str = _f("owt", "wandb project name")
+    wandb_run_name: str = _f("gpt2", "wandb run name")
+    # --- data ----------------------------------------------------------------------------------------------
+    dataset: str = _f("openwebtext", "dataset folder name under data_dir, made by `gptforge prepare`")
+    data_dir: str = _f("data", "folder holding dataset folders (relative to the current directory)")
+    gradient_accumulation_steps: int = _f(
+        5 * 8, "micro-batches per optimizer step, summed over all processes (nanoGPT: 40 = 5 x 8 GPUs)"
+    )
+    batch_size: int = _f(12, "sequences per micro-batch per process")
+    block_size: int = _f(1024, "context length in tokens (GPT-2: 1024)")
+    total_batch_size: int = _f(
+        0, "tokens per optimizer step (build-nanogpt); when > 0 it sets gradient_accumulation_steps. 0 = off"
+    )
+    # --- model ---------------------------------------------------------------------------------------------
+    n_layer: int = _f(12, "transformer blocks (GPT-2 124M: 12)")
+    n_head: int = _f(12, "attention heads; must divide n_embd")
+    n_embd: int = _f(768, "embedding width")
+    dropout: float = _f(0.0, "dropout probability; 0 for pretraining, 0.1+ for fine-tuning small data")
+    bias: bool = _f(False, "biases in Linear and LayerNorm layers (GPT-2 has them; without is a bit better/faster)")
+    # --- AdamW ---------------------------------------------------------------------------------------------
+    learning_rate: float = _f(6e-4, "peak learning rate (GPT-3 paper's value for 125M)")
+    max_iters: int = _f(600000, "optimizer steps to train for")
+    weight_decay: float = _f(1e-1, "AdamW weight decay, applied to matrices and embeddings only")
+    beta1: float = _f(0.9, "AdamW beta1")
+    beta2: float = _f(0.95, "AdamW beta2 (0.95 is steadier than 0.999 for LLM pretraining)")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this; 0 = off")
+    # --- learning-rate schedule ----------------------------------------------------------------------------
+    decay_lr: bool = _f(True, "warmup then cosine decay; False = constant learning_rate")
+    warmup_iters: int = _f(2000, "steps of linear warmup")
+    lr_decay_iters: int = _f(600000, "step where cosine decay reaches min_lr (~max_iters per Chinchilla)")
+    min_lr: float = _f(6e-5, "floor of the schedule (~learning_rate / 10 per Chinchilla)")
+    # --- system --------------------------------------------------------------------------------------------
+    backend: str = _f("nccl", "torch.distributed backend: 'nccl', 'gloo' or 'auto' (nccl on CUDA, else gloo)")
+    device: str = _f("cuda", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto' (cuda > mps > cpu)")
+    dtype: str = _f(
+        "auto", "'float32', 'bfloat16', 'float16' (with a GradScaler) or 'auto' (bf16 on CUDA if supported, "
+        "else float16; float32 on CPU and MPS)"
+    )
+    compile: bool | str = _f("auto", "torch.compile the model: True, False or 'auto' (on for CUDA, off elsewhere)")
+    # --- gptforge's own --------------------------------------------------------------------------------------
+    seed: int = _f(1337, "random seed; each process adds its rank")
+    peak_flops: float = _f(0.0, "peak FLOP/s for the MFU figure; 0 = a table for GPUs, a quick measure on CPU")
+
+
+FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+_CHOICES = {
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "backend": ("auto", "nccl", "gloo", "mpi", "ucc"),
+}
+
+
+def load_config(args: Sequence[str], base: TrainConfig | None = None) -> TrainConfig:
+    """Build a TrainConfig from nanoGPT-style arguments: config files and --key=value / --key value, in order."""
+    values: dict[str, Any] = dataclasses.asdict(base or TrainConfig())
+    explicit: set[str] = set()
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("--"):
+            for key, value, where in read_config_file(arg):
+                values[key] = coerce(key, value, where, from_text=False)
+                explicit.add(key)
+            continue
+        key, sep, text = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        check_key(key, f"--{key}")
+        if not sep:  # `--key value`, or a bare `--flag` meaning True for booleans
+            nxt = args[i] if i < len(args) else None
+            boolean = FIELDS[key].type in ("bool", "bool | str")
+            if boolean and (nxt is None or nxt.lower() not in _TRUE | _FALSE | {"auto"}):
+                text = "True"
+            elif nxt is None or (nxt.startswith("--") and len(nxt) > 2):
+                raise UserError(f"--{key} needs a value: --{key}=VALUE or --{key} VALUE")
+            else:
+                text, i = nxt, i + 1
+        values[key] = coerce(key, text, f"--{key}", from_text=True)
+        explicit.add(key)
+    cfg = TrainConfig(**values)
+    derive_batch(cfg, explicit)
+    validate(cfg)
+    return cfg
+
+
+def read_config_file(path: str) -> list[tuple[str, Any, str]]:
+    """Parse a nanoGPT config file as data: [(key, value, 'file:line')]. Nothing in it is executed."""
+    if not os.path.isfile(path):
+        hint = " (options start with --, e.g. --device=cpu)" if "=" in path else ""
+        raise UserError(f"config file {path!r} not found{hint}")
+    with open(path, encoding="utf-8") as fh:
+        source = fh.read()
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as e:
+        raise UserError(f"{path}:{e.lineno}: not a valid config file: {e.msg}") from None
+    out = []
+    for node in tree.body:
+        where = f"{path}:{node.lineno}"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue  # nanoGPT configs sometimes import time; harmless when nothing is executed
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring or a bare string
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise UserError(f"{where}: config files hold only `name = value` lines; found {ast.unparse(node)!r}")
+        key = node.targets[0].id
+        check_key(key, where)
+        try:
+            value = _literal(node.value)
+        except ValueError:
+            raise UserError(
+                f"{where}: the value of {key} must be a literal (number, string, bool, or arithmetic on numbers); "
+                f"got {ast.unparse(node.value)!r}. Config files are read as data, never run."
+            ) from None
+        out.append((key, value, where))
+    return out
+
+
+_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+    ast.Pow: lambda a, b: a**b,
+}
+
+
+def _literal(node: ast.AST) -> Any:
+    """ast.literal_eval plus arithmetic on numbers and + on strings (nanoGPT writes `5 * 8`, `2**19`)."""
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        a, b = _literal(node.left), _literal(node.right)
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+        strings = isinstance(node.op, ast.Add) and isinstance(a, str) and isinstance(b, str)
+        if not (numbers or strings) or (isinstance(node.op, ast.Pow) and abs(b) > 1024):
+            raise ValueError("unsupported operands")
+        return _BINOPS[type(node.op)](a, b)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _literal(node.operand) * (-1 if isinstance(node.op, ast.USub) else 1)
+    return ast.literal_eval(node)
+
+
+def check_key(key: str, where: str) -> None:
+    if key not in FIELDS:
+        close = difflib.get_close_matches(key, list(FIELDS), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `gptforge train --help` lists them"
+        raise UserError(f"{where}: unknown config key {key!r}{hint}")
+
+
+def coerce(key: str, value: Any, where: str, from_text: bool) -> Any:
+    """Check (and, for command-line text, parse) a value against the type of the key's default."""
+    kind = FIELDS[key].type
+    if from_text:
+        text = value
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            value = text
+        if kind == "str" and not isinstance(value, str):
+            value = text  # --out_dir=2024 means the folder "2024"
+        if kind in ("bool", "bool | str") and text.strip().lower() in _TRUE | _FALSE:
+            value = text.strip().lower() in _TRUE  # --bias=false, --compile 0 and --compile=True alike
+    ok = {
+        "str": isinstance(value, str),
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "bool | str": isinstance(value, bool) or value == "auto",
+    }[kind]
+    if not ok:
+        expected = {"bool | str": "True, False or 'auto'"}.get(kind, kind)
+        raise UserError(f"{where}: {key} must be {expected}, got {value!r} ({type(value).__name__})")
+    if kind == "float":
+        value = float(value)
+    if key in _CHOICES and value not in _CHOICES[key]:
+        raise UserError(f"{where}: {key} must be one of {', '.join(_CHOICES[key])}; got {value!r}")
+    return value
+
+
+def derive_batch(cfg: TrainConfig, explicit: set[str]) -> None:
+    """build-nanogpt's total_batch_size (tokens per step) sets gradient_accumulation_steps (summed over ranks)."""
+    if cfg.total_batch_size <= 0:
+        return
+    per_micro = cfg.batch_size * cfg.block_size
+    if per_micro <= 0 or cfg.total_batch_size % per_micro:
+        raise UserError(
+            f"--total_batch_size={cfg.total_batch_size} is not a multiple of batch_size * block_size = "
+            f"{cfg.batch_size} * {cfg.block_size} = {per_micro}; change one of them"
+        )
+    steps = cfg.total_batch_size // per_micro
+    if "gradient_accumulation_steps" in explicit and cfg.gradient_accumulation_steps != steps:
+        raise UserError(
+            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} contradicts total_batch_size="
+            f"{cfg.total_batch_size} (which gives {steps}); set only one of them"
+        )
+    cfg.gradient_accumulation_steps = steps
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Checks that need no data or device: each names the key and what would be accepted."""
+    positive = ["batch_size", "block_size", "n_layer", "n_head", "n_embd", "gradient_accumulation_steps",
+                "eval_interval", "log_interval", "eval_iters"]
+    for key in positive:
+        if getattr(cfg, key) <= 0:
+            raise UserError(f"--{key} must be a positive integer, got {getattr(cfg, key)}")
+    for key in ["learning_rate", "min_lr", "weight_decay", "grad_clip", "max_iters", "warmup_iters",
+                "lr_decay_iters", "peak_flops", "total_batch_size"]:
+        if getattr(cfg, key) < 0:
+            raise UserError(f"--{key} must not be negative, got {getattr(cfg, key)}")
+    if cfg.n_embd % cfg.n_head:
+        raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    for key in ("beta1", "beta2"):
+        if not 0.0 <= getattr(cfg, key) < 1.0:
+            raise UserError(f"--{key} must be in [0, 1), got {getattr(cfg, key)}")
+    if cfg.init_from not in ("scratch", "resume"):
+        raise UserError(f"--init_from must be 'scratch' or 'resume', got {cfg.init_from!r}")
+    if not cfg.out_dir:
+        raise UserError("--out_dir must not be empty")
+
+
+def help_text() -> str:
+    """Every key with its type, default and meaning, for `gptforge train --help`."""
+    default = TrainConfig()
+    lines = []
+    for name, f in FIELDS.items():
+        lines.append(f"  --{name}={getattr(default, name)!r}  ({f.type})\n      {f.metadata['doc']}")
+    return "\n".join(lines)

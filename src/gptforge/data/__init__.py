@@ -1,0 +1,1 @@
+"""Dataset preparation (prepare.py) and batch loading (loader.py)."""

@@ -1,0 +1,1 @@
+"""Evaluation: validation loss (loss.py), shared by training and `gptforge eval`."""

@@ -1,0 +1,148 @@
+"""One path for everything the training loop measures, fanned out to sinks.
+
+    metrics = Metrics(out_dir, enabled=env.is_main, resume_step=None)
+    metrics.log(step, "train", loss=2.31, lr=1e-3, grad_norm=0.8, ms_per_iter=31.0, tokens_per_s=24800, mfu=0.03)
+    metrics.log(step, "eval", train_loss=2.30, val_loss=2.35)
+    metrics.close()
+
+Sinks: the console line (stdout), `metrics.jsonl` (one JSON object per line: step, kind, values, time),
+`log.txt` (build-nanogpt's `{step} train {loss:.6f}` / `{step} val {loss:.4f}`), and wandb when asked.
+A fresh run starts these files empty; a run resumed at step N keeps the lines of steps before N and drops
+the rest (it evaluates step N again), so no step appears twice. Only rank 0 writes (`enabled`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+from gptforge.errors import UserError
+
+
+class Metrics:
+    def __init__(
+        self,
+        out_dir: str,
+        enabled: bool = True,
+        resume_step: int | None = None,
+        wandb: dict[str, Any] | None = None,
+    ):
+        """wandb: None, or dict(project=..., name=..., config=..., id=...) to log there too."""
+        self.enabled = enabled
+        self.jsonl_path = os.path.join(out_dir, "metrics.jsonl")
+        self.txt_path = os.path.join(out_dir, "log.txt")
+        self.wandb_run = None
+        if not enabled:
+            return
+        for path, parse in ((self.jsonl_path, _jsonl_step), (self.txt_path, _txt_step)):
+            _keep_before(path, parse, resume_step)
+        self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+        self.txt = open(self.txt_path, "a", encoding="utf-8")
+        if wandb is not None:
+            self.wandb_run = _start_wandb(**wandb)
+
+    @property
+    def wandb_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    def log(self, step: int, kind: str, **values: Any) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "kind": kind, **values, "time": round(time.time(), 3)}
+        self.jsonl.write(json.dumps(record, allow_nan=True) + "\n")
+        self.jsonl.flush()
+        line = _txt_line(step, kind, values)
+        if line:
+            self.txt.write(line + "\n")
+            self.txt.flush()
+        print(_console_line(step, kind, values), flush=True)
+        if self.wandb_run is not None:
+            numbers = {f"{kind}/{k}": v for k, v in values.items() if isinstance(v, (int, float))}
+            self.wandb_run.log(numbers, step=step)
+
+    def info(self, message: str) -> None:
+        """A plain message for the console only (rank 0)."""
+        if self.enabled:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.jsonl.close()
+        self.txt.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+
+def _txt_line(step: int, kind: str, values: dict[str, Any]) -> str | None:
+    if kind == "train":
+        return f"{step} train {values['loss']:.6f}"
+    if kind == "eval":
+        return f"{step} val {values['val_loss']:.4f}"
+    return None
+
+
+def _console_line(step: int, kind: str, v: dict[str, Any]) -> str:
+    if kind == "train":
+        parts = [f"iter {step}: loss {v['loss']:.4f}", f"lr {v['lr']:.2e}"]
+        if v.get("grad_norm") is not None:
+            parts.append(f"norm {v['grad_norm']:.2f}")
+        parts.append(f"time {v['ms_per_iter']:.1f}ms")
+        if v.get("tokens_per_s"):
+            parts.append(f"{v['tokens_per_s']:,.0f} tok/s")
+        if v.get("mfu") is not None:
+            parts.append(f"mfu {v['mfu'] * 100:.2f}%")
+        if v.get("eta_s") is not None:
+            parts.append(f"eta {format_duration(v['eta_s'])}")
+        return ", ".join(parts)
+    if kind == "eval":
+        return f"step {step}: train loss {v['train_loss']:.4f}, val loss {v['val_loss']:.4f}"
+    return f"step {step}: {kind} " + ", ".join(f"{k} {val}" for k, val in v.items())
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _jsonl_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _txt_step(line: str) -> int | None:
+    first = line.split(maxsplit=1)[0] if line.strip() else ""
+    return int(first) if first.isdigit() else None
+
+
+def _keep_before(path: str, parse, resume_step: int | None) -> None:
+    """Fresh run: empty the file. Resume from step N: keep the lines of steps before N."""
+    kept = []
+    if resume_step is not None and os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                step = parse(line)
+                if step is not None and step < resume_step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(kept)
+    os.replace(tmp, path)
+
+
+def _start_wandb(project: str, name: str, config: dict[str, Any], id: str | None = None):
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("wandb_log=True needs wandb: pip install 'gptforge[wandb]', or set --wandb_log=False") from None
+    return wandb.init(project=project, name=name, config=config, id=id, resume="allow" if id else None)

@@ -1,0 +1,48 @@
+"""AdamW with decoupled weight decay on matrices only, and the learning-rate schedule.
+
+    optimizer = configure_optimizer(model, weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95), device_type="cuda")
+    lr = get_lr(it, learning_rate=6e-4, warmup_iters=2000, lr_decay_iters=600000, min_lr=6e-5)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def configure_optimizer(
+    model: torch.nn.Module, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
+) -> torch.optim.AdamW:
+    """AdamW where only tensors of 2 or more dimensions (matmul weights, embeddings) are decayed.
+
+    Biases and LayerNorm gains are left alone: shrinking them towards zero only hurts. The fused kernel is
+    used on CUDA (one launch for all parameters instead of several per tensor).
+    """
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}  # tied weights appear once
+    decay = [p for p in params.values() if p.dim() >= 2]
+    no_decay = [p for p in params.values() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = device_type == "cuda"
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
+
+
+def get_lr(
+    it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float, decay_lr: bool = True
+) -> float:
+    """Learning rate at optimizer step `it`: linear warmup, cosine decay to min_lr at lr_decay_iters, then min_lr.
+
+    Warmup reaches learning_rate * warmup_iters / (warmup_iters + 1) at its last step, never 0 at step 0.
+    """
+    if not decay_lr:
+        return learning_rate
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it >= lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)  # 0 -> 1 across the decay
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
+    return min_lr + coeff * (learning_rate - min_lr)

@@ -1,0 +1,104 @@
+"""Sample text from a trained run.
+
+    gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=200
+
+Prints each sample to stdout followed by a line of dashes, and nothing else on stdout (information goes to
+stderr), so the output can be piped. The tokenizer comes from the checkpoint (gptforge stores it); for a
+nanoGPT checkpoint, from the dataset folder named in its config (meta.pkl / meta.json), else GPT-2 BPE.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from gptforge.checkpoint import load_checkpoint, load_model_state
+from gptforge.data.loader import read_meta
+from gptforge.distributed import autocast_context, resolve_device, resolve_dtype
+from gptforge.errors import UserError
+from gptforge.model import GPT, GPTConfig
+from gptforge.tokenizer import Tokenizer, from_spec
+
+SEPARATOR = "---------------"
+
+
+@dataclass
+class SampleArgs:
+    out_dir: str = "out"
+    start: str = "\n"
+    num_samples: int = 10
+    max_new_tokens: int = 500
+    temperature: float = 0.8
+    top_k: int = 200
+    seed: int = 1337
+    device: str = "auto"
+    dtype: str = "auto"
+
+
+def load_run(out_dir: str, device: str) -> tuple[GPT, Tokenizer]:
+    """The model of `<out_dir>/ckpt.pt` in eval mode on `device`, and the tokenizer it was trained with."""
+    path = os.path.join(out_dir, "ckpt.pt")
+    ckpt = load_checkpoint(path, map_location="cpu")
+    args = {k: ckpt["model_args"][k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")}
+    model = GPT(GPTConfig(**args, dropout=0.0))
+    load_model_state(model, ckpt["model"], path)
+    model.eval().to(device)
+    return model, checkpoint_tokenizer(ckpt)
+
+
+def checkpoint_tokenizer(ckpt: dict) -> Tokenizer:
+    if ckpt.get("tokenizer"):
+        return from_spec(ckpt["tokenizer"])
+    config = ckpt.get("config") or {}
+    if "dataset" in config:  # nanoGPT: the dataset folder's meta.pkl, if it is still where it was
+        folder = os.path.join(config.get("data_dir", "data"), config["dataset"])
+        if os.path.isdir(folder):
+            meta = read_meta(folder)
+            return from_spec(meta)
+    print("no tokenizer recorded in the checkpoint and no dataset meta found: assuming GPT-2 BPE", file=sys.stderr)
+    return from_spec({"tokenizer": "gpt2"})
+
+
+def read_start(start: str) -> str:
+    """--start is the prompt itself, or FILE:path to read it from a file."""
+    if not start.startswith("FILE:"):
+        return start
+    path = start[len("FILE:") :]
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as e:
+        raise UserError(f"--start=FILE:{path}: cannot read it ({e.strerror})") from None
+
+
+def sample(args: SampleArgs) -> list[str]:
+    """Generate args.num_samples continuations of args.start; prints them and returns them."""
+    for key in ("num_samples", "max_new_tokens"):
+        if getattr(args, key) <= 0:
+            raise UserError(f"--{key} must be a positive integer, got {getattr(args, key)}")
+    if args.temperature < 0 or args.top_k < 0:
+        raise UserError("--temperature and --top_k must not be negative (temperature 0 = greedy, top_k 0 = all)")
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device.split(":")[0])
+    model, tok = load_run(args.out_dir, device)
+    prompt = tok.encode(read_start(args.start))
+    if not prompt:
+        if tok.eot_token is None:
+            raise UserError("--start is empty; give a prompt (a char-level model has no end-of-text token)")
+        prompt = [tok.eot_token]
+    torch.manual_seed(args.seed)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    idx = torch.tensor([prompt] * args.num_samples, dtype=torch.long, device=device)  # (num_samples, T)
+    print(f"generating {args.num_samples} sample(s) of {args.max_new_tokens} tokens on {device} ({dtype})",
+          file=sys.stderr, flush=True)
+    with autocast_context(device.split(":")[0], dtype):
+        out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
+                             generator=generator)
+    texts = [tok.decode(row.tolist()) for row in out]
+    for text in texts:
+        print(text)
+        print(SEPARATOR, flush=True)
+    return texts

@@ -1,0 +1,120 @@
+"""Tokenizers behind one interface: CharTokenizer (a character vocabulary) and GPT2Tokenizer (tiktoken BPE).
+
+A tokenizer is described by a small plain dict, its `spec()`, stored in a dataset's meta.json and in every
+checkpoint, so `gptforge sample` finds the right one without the data folder:
+
+    {"tokenizer": "char", "itos": ["\\n", " ", "!", ...]}   or   {"tokenizer": "gpt2"}
+
+GPT-2's BPE files come through tiktoken, which downloads them once into its cache. Offline, point
+TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files, or GPTFORGE_GPT2_BPE_DIR at a folder holding
+OpenAI's `encoder.json` and `vocab.bpe` (or `r50k_base.tiktoken`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gptforge.errors import UserError
+
+GPT2_EOT = 50256  # <|endoftext|>
+GPT2_VOCAB = 50257
+BPE_DIR_ENV = "GPTFORGE_GPT2_BPE_DIR"
+
+
+class CharTokenizer:
+    kind = "char"
+
+    def __init__(self, itos: list[str]):
+        assert all(isinstance(c, str) and len(c) == 1 for c in itos), "a char vocabulary holds single characters"
+        self.itos = list(itos)
+        self.stoi = {c: i for i, c in enumerate(self.itos)}
+        self.vocab_size = len(self.itos)
+        self.eot_token: int | None = None
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        return cls(sorted(set(text)))
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError as e:
+            raise UserError(
+                f"character {e.args[0]!r} is not in this model's character vocabulary "
+                f"({self.vocab_size} characters); use only characters from its training text"
+            ) from None
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.itos[i] for i in ids if 0 <= i < self.vocab_size)
+
+    def spec(self) -> dict[str, Any]:
+        return {"tokenizer": self.kind, "itos": self.itos}
+
+
+class GPT2Tokenizer:
+    kind = "gpt2"
+
+    def __init__(self) -> None:
+        self.enc = _gpt2_encoding()
+        self.vocab_size = self.enc.n_vocab  # 50257
+        self.eot_token: int | None = self.enc.eot_token
+
+    def encode(self, text: str) -> list[int]:
+        """Ordinary text: a literal "<|endoftext|>" in it is encoded as plain characters, never as the EOT token."""
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(texts)
+
+    def decode(self, ids: list[int]) -> str:
+        # Ids past 50257 exist only as padding rows of a 50304 vocabulary; they carry no text.
+        return self.enc.decode([i for i in ids if 0 <= i < self.vocab_size])
+
+    def spec(self) -> dict[str, Any]:
+        return {"tokenizer": self.kind}
+
+
+Tokenizer = CharTokenizer | GPT2Tokenizer
+
+
+def from_spec(spec: dict[str, Any]) -> Tokenizer:
+    kind = spec.get("tokenizer")
+    if kind == "char":
+        return CharTokenizer(spec["itos"])
+    if kind == "gpt2":
+        return GPT2Tokenizer()
+    raise UserError(f"unknown tokenizer kind {kind!r}: expected 'char' or 'gpt2'")
+
+
+def _gpt2_encoding():
+    import tiktoken
+
+    bpe_dir = os.environ.get(BPE_DIR_ENV)
+    if bpe_dir:
+        return _encoding_from_files(bpe_dir)
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # tiktoken raises whatever requests raises when the download fails
+        raise UserError(
+            f"could not load GPT-2's BPE files through tiktoken ({type(e).__name__}: {e}). Offline? Set "
+            f"TIKTOKEN_CACHE_DIR to a folder of tiktoken's cached files, or {BPE_DIR_ENV} to a folder holding "
+            "encoder.json and vocab.bpe (or r50k_base.tiktoken)"
+        ) from None
+
+
+def _encoding_from_files(bpe_dir: str):
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks, load_tiktoken_bpe
+    from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation regex, as tiktoken has it
+
+    vocab, encoder, r50k = (os.path.join(bpe_dir, n) for n in ("vocab.bpe", "encoder.json", "r50k_base.tiktoken"))
+    if os.path.isfile(vocab) and os.path.isfile(encoder):
+        ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=vocab, encoder_json_file=encoder)
+    elif os.path.isfile(r50k):
+        ranks = load_tiktoken_bpe(r50k)
+    else:
+        raise UserError(f"{BPE_DIR_ENV}={bpe_dir}: needs encoder.json and vocab.bpe, or r50k_base.tiktoken")
+    return tiktoken.Encoding(
+        name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": GPT2_EOT}
+    )

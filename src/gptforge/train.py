@@ -1,0 +1,293 @@
+"""The training loop: nanoGPT's train.py as a function of a TrainConfig.
+
+    gptforge train config/train_shakespeare_char.py --device=cpu --compile=False --max_iters=2000
+    torchrun --standalone --nproc_per_node=4 -m gptforge train config/train_gpt2.py
+
+Each step: learning rate from the schedule; an evaluation every eval_interval (and at the last step) that
+checkpoints when val loss improves or always_save_checkpoint; gradient_accumulation_steps micro-batches under
+autocast, the next batch fetched while the current one computes; unscale, clip, AdamW step; a log line.
+On the README CPU recipe expect val loss ~1.88 after 2000 steps. SIGINT / SIGTERM finish the current step,
+write a checkpoint and return; a second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gptforge.checkpoint import FORMAT_VERSION, capture_rng, load_checkpoint, load_model_state, restore_rng
+from gptforge.checkpoint import save_checkpoint as write_checkpoint
+from gptforge.config import TrainConfig
+from gptforge.data.loader import RandomBatches, dataset_dir, read_meta
+from gptforge.distributed import (
+    DistEnv,
+    all_reduce_mean,
+    autocast_context,
+    configure_backends,
+    peak_flops,
+    resolve_compile,
+    resolve_dtype,
+    setup_distributed,
+    teardown,
+)
+from gptforge.errors import UserError
+from gptforge.evaluate.loss import estimate_loss
+from gptforge.metrics import Metrics
+from gptforge.model import GPT, GPTConfig
+from gptforge.optim import configure_optimizer, get_lr
+
+MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train as configured; returns {'iter_num', 'best_val_loss', 'losses'} (the last evaluation)."""
+    env = setup_distributed(cfg.device, cfg.backend)
+    try:
+        return _train(cfg, env)
+    finally:
+        teardown(env)
+
+
+def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+    cfg = dataclasses.replace(cfg, device=env.device)
+    cfg.dtype = resolve_dtype(cfg.dtype, env.device_type)
+    cfg.compile = resolve_compile(cfg.compile, env.device_type)
+    if cfg.gradient_accumulation_steps % env.world_size:
+        raise UserError(
+            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} (micro-batches per step over all "
+            f"processes) does not divide across {env.world_size} processes; make it a multiple of {env.world_size}"
+        )
+    accum = cfg.gradient_accumulation_steps // env.world_size
+    torch.manual_seed(cfg.seed + env.rank)
+    configure_backends(env.device_type)
+
+    folder = dataset_dir(cfg.data_dir, cfg.dataset)
+    meta = read_meta(folder)
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    ckpt = load_checkpoint(ckpt_path, map_location=env.device) if cfg.init_from == "resume" else None
+    model, model_args = build_model(cfg, meta, ckpt, ckpt_path)
+    model.to(env.device)
+    if env.is_main:
+        prepare_out_dir(cfg)
+
+    scaler = torch.amp.GradScaler(env.device_type, enabled=cfg.dtype == "float16")
+    optimizer = configure_optimizer(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type)
+    iter_num, best_val_loss = 0, float("inf")
+    # Batches and evaluation draw from torch's global generator in nanoGPT's order, so a nanoGPT command
+    # gives nanoGPT's losses (README CPU recipe: val 1.8858 at step 2000 here, nanoGPT 1.8857).
+    eval_batches = {split: RandomBatches(os.path.join(folder, f"{split}.bin"), cfg.batch_size, cfg.block_size,
+                                         model_args["vocab_size"], env.device, dtype=meta["dtype"])
+                    for split in ("train", "val")}
+    train_batches = eval_batches["train"]
+    if ckpt is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+        iter_num, best_val_loss = int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
+        if "rng" in ckpt and env.world_size == 1:
+            restore_rng(ckpt["rng"])
+        if "data_state" in ckpt and env.world_size == 1:
+            train_batches.load_state_dict(ckpt["data_state"]["train"])  # after the RNGs: it may set torch's
+    wandb = None
+    if cfg.wandb_log:
+        wandb = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=dataclasses.asdict(cfg),
+                     id=ckpt.get("wandb_run_id") if ckpt else None)
+    metrics = Metrics(cfg.out_dir, enabled=env.is_main, resume_step=iter_num if ckpt else None, wandb=wandb)
+    del ckpt  # the optimizer and model hold their own copies now
+
+    raw_model = model
+    if cfg.compile:
+        metrics.info("compiling the model with torch.compile (the first step takes a while)...")
+        model = torch.compile(model)
+    if env.ddp:
+        model = DDP(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
+    ctx = autocast_context(env.device_type, cfg.dtype)
+    tokens_per_iter = accum * env.world_size * cfg.batch_size * cfg.block_size
+    metrics.info(
+        f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters | device {env.device}, dtype {cfg.dtype}, "
+        f"compile {cfg.compile}, {env.world_size} process(es)\n"
+        f"tokens per iteration: {tokens_per_iter:,} = {accum} accumulation x {env.world_size} processes x "
+        f"{cfg.batch_size} batch x {cfg.block_size} block"
+    )
+    peak = peak_flops(env.device, cfg.dtype, cfg.peak_flops) if env.is_main else 1.0  # only rank 0 reports MFU
+
+    def checkpoint(reason: str) -> None:
+        if not env.is_main:
+            return
+        write_checkpoint(ckpt_path, {
+            "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
+            "iter_num": iter_num, "best_val_loss": best_val_loss, "config": dataclasses.asdict(cfg),
+            "scaler": scaler.state_dict(), "rng": capture_rng(), "data_state": {"train": next_data_state},
+            "tokenizer": tokenizer_spec(meta), "wandb_run_id": metrics.wandb_id, "format_version": FORMAT_VERSION,
+        })
+        metrics.info(f"saved checkpoint {ckpt_path} at iter {iter_num} ({reason})")
+
+    next_data_state = train_batches.state_dict()  # the state that yields X, Y below: what a resume must restore
+    X, Y = train_batches.next_batch()
+    losses: dict[str, float] = {}
+    step_time, steps_timed, ema_dt, running_mfu = 0.0, 0, None, -1.0
+    stop = StopFlag(env)
+    with stop, contextlib.closing(metrics):  # the sinks are closed on every way out, errors included
+        while True:
+            lr = get_lr(iter_num, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr, cfg.decay_lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            last = iter_num >= cfg.max_iters
+            saved = False
+            if (iter_num % cfg.eval_interval == 0 or last or cfg.eval_only) and not stop.requested:
+                reduce = (lambda t: all_reduce_mean(t, env)) if env.ddp else None
+                losses = estimate_loss(model, eval_batches, cfg.eval_iters, ctx, reduce=reduce)
+                metrics.log(iter_num, "eval", train_loss=losses["train"], val_loss=losses["val"], lr=lr)
+                improved = losses["val"] < best_val_loss
+                best_val_loss = min(best_val_loss, losses["val"])
+                if (improved or cfg.always_save_checkpoint) and iter_num > 0 and not cfg.eval_only:
+                    checkpoint("val loss improved" if improved else "always_save_checkpoint")
+                    saved = True
+            if last or cfg.eval_only:
+                break
+            if stop.requested:
+                if not saved:
+                    checkpoint("stop requested")
+                metrics.info(f"stopped at iter {iter_num}; continue with --init_from=resume")
+                break
+
+            t0 = time.perf_counter()
+            loss_sum, X, Y, next_data_state = accumulate_gradients(model, X, Y, train_batches, accum, ctx, scaler,
+                                                                   env.ddp)
+            grad_norm = None
+            if cfg.grad_clip > 0:
+                scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
+                grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+
+            if iter_num % cfg.log_interval == 0:
+                lossf = all_reduce_mean(loss_sum, env).item()  # the one host sync of a logged step
+                step_time += time.perf_counter() - t0
+                steps_timed += 1
+                dt = step_time / steps_timed
+                step_time, steps_timed = 0.0, 0
+                ema_dt = dt if ema_dt is None else 0.9 * ema_dt + 0.1 * dt
+                if iter_num >= 5:  # the first steps include warm-up and would drag the average down
+                    mfu = raw_model.estimate_mfu(cfg.batch_size * accum, dt, peak)
+                    running_mfu = mfu if running_mfu < 0 else 0.9 * running_mfu + 0.1 * mfu
+                metrics.log(
+                    iter_num, "train", loss=lossf, lr=lr,
+                    grad_norm=float(grad_norm) if grad_norm is not None else None,
+                    ms_per_iter=dt * 1000, tokens_per_s=tokens_per_iter / dt,
+                    mfu=running_mfu if running_mfu >= 0 else None, eta_s=ema_dt * (cfg.max_iters - iter_num - 1),
+                )
+            else:
+                step_time += time.perf_counter() - t0
+                steps_timed += 1
+            iter_num += 1
+            stop.sync()
+    return {"iter_num": iter_num, "best_val_loss": best_val_loss, "losses": losses}
+
+
+def accumulate_gradients(model, X, Y, batches: RandomBatches, accum: int, ctx, scaler, ddp: bool):
+    """Forward and backward over `accum` micro-batches, starting with (X, Y), summing gradients in .grad.
+
+    Returns (mean loss as a tensor, the next step's X and Y, the loader's state before they were drawn).
+    Each micro-batch's loss is divided by accum, so the gradient is the mean over all of them, as one big
+    batch would give. The next batch is fetched before backward: on a GPU the copy overlaps the compute.
+    """
+    loss_sum = torch.zeros((), device=X.device)
+    for micro_step in range(accum):
+        if ddp:
+            model.require_backward_grad_sync = micro_step == accum - 1  # all-reduce once per step, not per micro
+        with ctx:
+            _, loss = model(X, Y)
+            loss = loss / accum
+        if micro_step == accum - 1:
+            data_state = batches.state_dict()  # what a resume must restore to draw the same next batch
+        X, Y = batches.next_batch()
+        scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+    return loss_sum, X, Y, data_state
+
+
+def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | None, ckpt_path: str):
+    """A new model sized from the config and the dataset's vocabulary, or the checkpoint's model on resume."""
+    if ckpt is None:
+        vocab = meta["vocab_size"]
+        if meta["tokenizer"] == "gpt2":
+            vocab = math.ceil(vocab / 64) * 64  # 50257 -> 50304: matmul-friendly; the extra rows never occur
+        model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
+                          bias=cfg.bias, vocab_size=vocab)
+    else:
+        model_args = {k: ckpt["model_args"][k] for k in MODEL_ARGS}
+        for key in MODEL_ARGS:  # the checkpoint's shape wins; record it so config.json tells the truth
+            if key != "vocab_size":
+                setattr(cfg, key, model_args[key])
+    if meta["vocab_size"] > model_args["vocab_size"]:
+        raise UserError(
+            f"dataset {cfg.dataset!r} has vocab_size {meta['vocab_size']} but the model only "
+            f"{model_args['vocab_size']}; resume on the dataset the model was trained on"
+        )
+    model = GPT(GPTConfig(**model_args, dropout=cfg.dropout))
+    if ckpt is not None:
+        load_model_state(model, ckpt["model"], ckpt_path)
+    return model, model_args
+
+
+def tokenizer_spec(meta: dict[str, Any]) -> dict[str, Any]:
+    return {"tokenizer": meta["tokenizer"], **({"itos": meta["itos"]} if meta["tokenizer"] == "char" else {})}
+
+
+def prepare_out_dir(cfg: TrainConfig) -> None:
+    """Create out_dir and write the resolved config.json (atomically)."""
+    try:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        path = os.path.join(cfg.out_dir, "config.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            json.dump(dataclasses.asdict(cfg), fh, indent=2)
+            fh.write("\n")
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        raise UserError(f"--out_dir={cfg.out_dir}: cannot write there ({e.strerror}); choose another folder") from None
+
+
+class StopFlag(contextlib.AbstractContextManager):
+    """SIGINT / SIGTERM ask the loop to stop after the current step; a second signal stops at once.
+
+    Under DDP every rank must stop at the same step, so `sync()` takes the max of the flag over ranks.
+    """
+
+    def __init__(self, env: DistEnv):
+        self.env, self.requested, self._previous = env, False, {}
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.env.is_main:
+            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
+                  "(send it again to stop at once)", flush=True)
+
+    def __enter__(self):
+        with contextlib.suppress(ValueError):  # signals can only be handled in the main thread
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return None
+
+    def sync(self) -> None:
+        if self.env.ddp:
+            flag = torch.tensor(float(self.requested), device=self.env.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            self.requested = bool(flag.item())

@@ -1,0 +1,84 @@
+"""Shared fixtures: the offline data in ../shared/data, tiny datasets, and a runner for the real CLI.
+
+Tests that need ../shared/data skip with a reason when it is absent; with GPTFORGE_REQUIRE_SHARED=1 (set by
+.ci/run, since CI always has it) they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("GPTFORGE_SHARED", ROOT.parent / "shared")).resolve() / "data"
+TIKTOKEN_CACHE = SHARED / "tiktoken-cache"
+SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
+
+if TIKTOKEN_CACHE.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
+
+
+def need_shared(path: Path) -> Path:
+    """The path inside ../shared/data, or skip (fail under CI) when it is missing."""
+    if not path.exists():
+        message = f"{path} is missing: these tests read the offline data in ../shared/data"
+        if os.environ.get("GPTFORGE_REQUIRE_SHARED") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture
+def shakespeare_path() -> Path:
+    return need_shared(SHAKESPEARE)
+
+
+@pytest.fixture
+def tiktoken_cache() -> Path:
+    return need_shared(TIKTOKEN_CACHE)
+
+
+# A small corpus with enough repetition that a tiny model visibly learns within ~50 steps.
+SMALL_TEXT = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+    "All:\nSpeak, speak.\n\n"
+    "First Citizen:\nYou are all resolved rather to die than to famish?\n\n"
+    "All:\nResolved. resolved.\n\n"
+) * 60
+
+
+@pytest.fixture
+def char_data(tmp_path: Path) -> Path:
+    """A prepared char-level dataset `tiny` under tmp_path/data; returns the data_dir."""
+    from gptforge.data.prepare import prepare
+
+    text_file = tmp_path / "tiny.txt"
+    text_file.write_text(SMALL_TEXT, encoding="utf-8")
+    data_dir = tmp_path / "data"
+    prepare("text", data_dir=str(data_dir), files=[str(text_file)], name="tiny", tokenizer="char")
+    return data_dir
+
+
+def tiny_train_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
+    """Command-line style options for a seconds-long CPU run on the `tiny` dataset."""
+    opts = dict(
+        data_dir=data_dir, dataset="tiny", out_dir=out_dir, device="cpu", compile=False, dtype="float32",
+        n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, gradient_accumulation_steps=1,
+        max_iters=20, lr_decay_iters=20, warmup_iters=5, learning_rate=3e-3, min_lr=3e-4, eval_interval=10,
+        eval_iters=4, log_interval=1, dropout=0.0, peak_flops=1e12,
+    )
+    opts.update(overrides)
+    return [f"--{k}={v}" for k, v in opts.items() if v is not None]  # None: leave the key at its default
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
+    """Run `python -m gptforge ARGS` in a real subprocess; returns the CompletedProcess (text)."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "gptforge", *map(str, args)], cwd=cwd, capture_output=True, text=True,
+        timeout=timeout, env=full_env,
+    )

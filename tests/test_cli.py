@@ -1,0 +1,140 @@
+"""End to end through the real CLI in subprocesses: prepare -> train -> sample, help, errors, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, run_cli, tiny_train_args
+
+
+def test_prepare_train_sample_end_to_end(tmp_path, shakespeare_path):
+    """The newcomer's path on real Tiny Shakespeare: the loss falls and sample prints Shakespeare's characters."""
+    r = run_cli("prepare", "shakespeare_char", "--input", shakespeare_path, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "train 1,003,854 tokens, val 111,540" in r.stderr
+    r = run_cli("train", ROOT / "config/train_shakespeare_char_cpu.py", "--max_iters=50", "--lr_decay_iters=50",
+                "--eval_interval=25", "--eval_iters=5", "--warmup_iters=10", "--log_interval=10", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out-shakespeare-char"
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    val = [e["val_loss"] for e in evals if e["kind"] == "eval"]
+    assert len(val) == 3 and val[-1] < val[0] - 0.8, val  # ln(65) = 4.17 -> below ~3.3 in 50 steps
+    assert "iter 40: loss" in r.stdout and "tok/s" in r.stdout
+
+    r = run_cli("sample", "--out_dir", out, "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=60",
+                "--device=cpu", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    parts = r.stdout.split("---------------\n")
+    assert len(parts) == 3 and parts[-1] == ""  # two samples, each followed by the separator, nothing else
+    for text in parts[:2]:
+        assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 60 + 1
+        assert set(text) <= set(shakespeare_path.read_text())
+    assert "generating 2 sample(s)" in r.stderr and "generating" not in r.stdout
+    again = run_cli("sample", "--out_dir", out, "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=60",
+                    "--device=cpu", cwd=tmp_path)
+    assert again.stdout == r.stdout  # same seed, same samples
+
+
+def test_sample_start_from_file_and_gpt2_bpe_run(tmp_path, shakespeare_path, tiktoken_cache):
+    assert run_cli("prepare", "shakespeare", "--input", shakespeare_path, cwd=tmp_path).returncode == 0
+    r = run_cli("train", *tiny_train_args("data", "out", dataset="shakespeare", max_iters=3, eval_interval=3),
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("To be, or not to be")
+    r = run_cli("sample", "--out_dir=out", f"--start=FILE:{prompt}", "--num_samples=1", "--max_new_tokens=5",
+                "--temperature=0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("To be, or not to be") and r.stdout.endswith("---------------\n")
+
+
+@pytest.mark.parametrize("command", ["prepare", "train", "sample"])
+def test_help_lists_options_with_defaults(command):
+    r = run_cli(command, "--help")
+    assert r.returncode == 0 and r.stderr == ""
+    expected = {"prepare": ["--data_dir", "(default: data)", "--input"],
+                "train": ["--batch_size=12", "--dropout=0.0", "--init_from='scratch'", "--total_batch_size=0"],
+                "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)"]}[command]
+    flat = " ".join(r.stdout.split())  # help is wrapped to the terminal width
+    for text in expected:
+        assert text in flat, text
+
+
+def test_console_script_and_module_agree():
+    exe = os.path.join(os.path.dirname(sys.executable), "gptforge")
+    r = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("gptforge ")
+    assert run_cli("--version").stdout == r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--batchsize=3"], "unknown config key 'batchsize'; did you mean batch_size"),
+    (["train", "--dataset=missing", "--device=cpu"], "gptforge prepare missing"),
+    (["train", "--n_layer=two"], "n_layer must be int, got 'two'"),
+    (["sample", "--out_dir=nowhere"], "checkpoint nowhere/ckpt.pt not found"),
+    (["prepare", "text", "--name=x"], "needs one or more FILEs"),
+    (["prepare", "shakespeare_char", "--input=missing.txt"], "input file 'missing.txt' not found"),
+])
+def test_user_errors_exit_2_without_traceback(tmp_path, args, message):
+    r = run_cli(*args, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.startswith("gptforge: error:") or "usage:" in r.stderr
+
+
+def test_argparse_errors_also_exit_2(tmp_path):
+    r = run_cli("sample", "--num_samples=many", cwd=tmp_path)
+    assert r.returncode == 2 and "invalid int value" in r.stderr
+
+
+def test_sigint_finishes_the_step_checkpoints_and_resumes(char_data, tmp_path):
+    """Ctrl-C mid-run: exit 0 with a checkpoint at the step reached; resume continues from that step."""
+    out = tmp_path / "run"
+    args = tiny_train_args(char_data, out, max_iters=100000, lr_decay_iters=100000, eval_interval=100000)
+    proc = subprocess.Popen([sys.executable, "-m", "gptforge", "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    for line in proc.stdout:
+        if line.startswith("iter 5:") or time.time() > deadline:
+            break
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "SIGINT: finishing this step" in stdout and "continue with --init_from=resume" in stdout
+    from gptforge.checkpoint import load_checkpoint
+
+    stopped_at = load_checkpoint(str(out / "ckpt.pt"))["iter_num"]
+    assert stopped_at >= 6
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps == list(range(stopped_at))  # every finished step logged, none lost
+    r = run_cli("train", *tiny_train_args(char_data, out, max_iters=stopped_at + 3, lr_decay_iters=100000,
+                                          eval_interval=100000, init_from="resume"))
+    assert r.returncode == 0, r.stderr
+    assert f"iter {stopped_at}: loss" in r.stdout and f"iter {stopped_at - 1}:" not in r.stdout
+
+
+def test_sample_from_a_nanogpt_run_uses_its_meta_pkl(tmp_path):
+    """nanoGPT's checkpoint has no tokenizer: sample finds data/<dataset>/meta.pkl as nanoGPT's sample.py does."""
+    import pickle
+
+    from test_train import nanogpt_checkpoint
+
+    chars = sorted(set("abcdefgh \n"))
+    (tmp_path / "data/tiny").mkdir(parents=True)
+    (tmp_path / "data/tiny/meta.pkl").write_bytes(pickle.dumps(
+        {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}))
+    (tmp_path / "out").mkdir()
+    nanogpt_checkpoint(tmp_path / "out/ckpt.pt", dict(n_layer=1, n_head=2, n_embd=16, block_size=16, bias=False,
+                                                      vocab_size=len(chars), dropout=0.0))
+    r = run_cli("sample", "--out_dir=out", "--start=abc", "--num_samples=1", "--max_new_tokens=20", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout.removesuffix("---------------\n").removesuffix("\n")
+    assert text.startswith("abc") and len(text) == 23 and set(text) <= set(chars)

@@ -1,0 +1,176 @@
+"""Configuration: nanoGPT's keys and defaults, config files read as data, overrides, and their errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from gptforge.config import TrainConfig, help_text, load_config
+from gptforge.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# nanoGPT's train.py, key by key (train.py at the top of its file).
+NANOGPT_DEFAULTS = dict(
+    out_dir="out", eval_interval=2000, log_interval=1, eval_iters=200, eval_only=False,
+    always_save_checkpoint=True, init_from="scratch", wandb_log=False, wandb_project="owt", wandb_run_name="gpt2",
+    dataset="openwebtext", gradient_accumulation_steps=40, batch_size=12, block_size=1024, n_layer=12, n_head=12,
+    n_embd=768, dropout=0.0, bias=False, learning_rate=6e-4, max_iters=600000, weight_decay=1e-1, beta1=0.9,
+    beta2=0.95, grad_clip=1.0, decay_lr=True, warmup_iters=2000, lr_decay_iters=600000, min_lr=6e-5,
+    backend="nccl", device="cuda",
+)
+
+
+def test_defaults_are_nanogpts():
+    cfg = TrainConfig()
+    for key, value in NANOGPT_DEFAULTS.items():
+        assert getattr(cfg, key) == value, key
+        assert type(getattr(cfg, key)) is type(value), key
+    assert cfg.dtype == "auto" and cfg.compile == "auto" and cfg.total_batch_size == 0 and cfg.data_dir == "data"
+
+
+def test_every_field_is_documented_in_help():
+    text = help_text()
+    for f in dataclasses.fields(TrainConfig):
+        assert f.metadata.get("doc"), f.name
+        assert f"--{f.name}=" in text
+
+
+def test_nanogpt_readme_cpu_command():
+    args = ("config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --log_interval=1 "
+            "--block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 "
+            "--lr_decay_iters=2000 --dropout=0.0").split()
+    args[0] = str(ROOT / args[0])
+    cfg = load_config(args)
+    got = (cfg.device, cfg.compile, cfg.eval_iters, cfg.block_size, cfg.n_layer, cfg.n_embd)
+    assert got == ("cpu", False, 20, 64, 4, 128)
+    assert cfg.dropout == 0.0 and cfg.max_iters == 2000
+    # from the file
+    assert (cfg.dataset, cfg.out_dir, cfg.learning_rate, cfg.beta2, cfg.warmup_iters) == (
+        "shakespeare_char", "out-shakespeare-char", 1e-3, 0.99, 100)
+    # the shipped CPU config says the same thing
+    assert load_config([str(ROOT / "config/train_shakespeare_char_cpu.py")]) == cfg
+
+
+def test_shipped_configs_parse():
+    for path in sorted((ROOT / "config").glob("*.py")):
+        load_config([str(path)])
+    gpt2 = load_config([str(ROOT / "config/train_gpt2.py")])
+    assert gpt2.gradient_accumulation_steps == 40 and gpt2.wandb_run_name == "gpt2-124M"
+    baby = load_config([str(ROOT / "config/train_shakespeare_char.py")])
+    assert (baby.n_layer, baby.n_head, baby.n_embd, baby.block_size, baby.batch_size) == (6, 6, 384, 256, 64)
+    assert (baby.dropout, baby.learning_rate, baby.max_iters) == (0.2, 1e-3, 5000)
+
+
+def test_file_arithmetic_imports_and_order(tmp_path):
+    f = tmp_path / "c.py"
+    f.write_text('"""doc"""\nimport time\nbatch_size = 4 * 3\nlearning_rate = 1e-3 / 2\nout_dir = "a" + "b"\n'
+                 "n_layer = -(-3)\ntotal_batch_size = 3 * 2**10\nblock_size=64\n")
+    cfg = load_config([str(f)])
+    assert (cfg.batch_size, cfg.learning_rate, cfg.out_dir, cfg.n_layer) == (12, 5e-4, "ab", 3)
+    assert cfg.total_batch_size == 3072 and cfg.gradient_accumulation_steps == 3072 // (12 * 64)
+    # later arguments win, files and options alike
+    assert load_config([str(f), "--n_layer=5"]).n_layer == 5
+    g = tmp_path / "g.py"
+    g.write_text("n_layer = 7\n")
+    assert load_config(["--n_layer=5", str(f), str(g)]).n_layer == 7
+
+
+def test_file_is_never_executed(tmp_path):
+    marker = tmp_path / "ran"
+    f = tmp_path / "evil.py"
+    f.write_text(f"out_dir = open({str(marker)!r}, 'w').name\n")
+    with pytest.raises(UserError, match=r"evil.py:1: the value of out_dir must be a literal"):
+        load_config([str(f)])
+    assert not marker.exists()
+    f.write_text("for i in range(3):\n    pass\n")
+    with pytest.raises(UserError, match="only `name = value` lines"):
+        load_config([str(f)])
+    f.write_text("x = = 1\n")
+    with pytest.raises(UserError, match="evil.py:1: not a valid config file"):
+        load_config([str(f)])
+
+
+def test_override_forms():
+    cfg = load_config(["--batch_size", "4", "--device=cpu", "--compile", "--bias", "false", "--n-layer=3",
+                       "--min_lr", "1e-5"])
+    assert (cfg.batch_size, cfg.device, cfg.compile, cfg.bias, cfg.n_layer) == (4, "cpu", True, False, 3)
+    assert cfg.min_lr == 1e-5
+    assert load_config(["--compile", "auto", "--bias"]).compile == "auto"
+    cfg = load_config(["--compile=auto", "--eval_only=True", "--always_save_checkpoint", "0"])
+    assert (cfg.compile, cfg.eval_only, cfg.always_save_checkpoint) == ("auto", True, False)
+
+
+def test_strings_keep_their_text_and_ints_become_floats():
+    cfg = load_config(["--out_dir=2024", "--wandb_run_name=1e3", "--learning_rate=1", "--dropout=0"])
+    assert cfg.out_dir == "2024" and cfg.wandb_run_name == "1e3"
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
+    assert isinstance(cfg.dropout, float)
+
+
+def test_unknown_key_names_the_closest():
+    with pytest.raises(UserError, match=r"unknown config key 'batchsize'; did you mean batch_size"):
+        load_config(["--batchsize=3"])
+    with pytest.raises(UserError, match=r"n_layers.*did you mean n_layer"):
+        load_config(["--n_layers", "3"])
+
+
+def test_unknown_key_in_file_names_file_and_line(tmp_path):
+    f = tmp_path / "c.py"
+    f.write_text("batch_size = 2\nlearnig_rate = 0.1\n")
+    with pytest.raises(UserError, match=r"c.py:2: unknown config key 'learnig_rate'; did you mean learning_rate"):
+        load_config([str(f)])
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("--batch_size=1.5", r"--batch_size: batch_size must be int, got 1.5 \(float\)"),
+    ("--max_iters=2e3", r"max_iters must be int, got 2000.0"),
+    ("--bias=maybe", r"bias must be bool, got 'maybe'"),
+    ("--learning_rate=fast", r"learning_rate must be float, got 'fast' \(str\)"),
+    ("--compile=sometimes", r"compile must be True, False or 'auto'"),
+    ("--dtype=float8", r"dtype must be one of auto, float32, bfloat16, float16; got 'float8'"),
+    ("--n_embd=100", r"n_embd=100 must be divisible by n_head=12"),
+    ("--eval_iters=0", r"--eval_iters must be a positive integer, got 0"),
+    ("--learning_rate=-1", r"--learning_rate must not be negative"),
+    ("--dropout=1.0", r"--dropout must be in \[0, 1\)"),
+    ("--init_from=gpt3", r"--init_from must be 'scratch' or 'resume'"),
+])
+def test_bad_values_name_key_value_and_type(arg, message):
+    with pytest.raises(UserError, match=message):
+        load_config([arg])
+
+
+def test_file_value_of_wrong_type(tmp_path):
+    f = tmp_path / "c.py"
+    f.write_text("batch_size = '12'\n")
+    with pytest.raises(UserError, match=r"c.py:1: batch_size must be int, got '12' \(str\)"):
+        load_config([str(f)])
+
+
+def test_missing_value_and_missing_file():
+    with pytest.raises(UserError, match="--batch_size needs a value"):
+        load_config(["--batch_size"])
+    with pytest.raises(UserError, match="--batch_size needs a value"):
+        load_config(["--batch_size", "--device=cpu"])
+    with pytest.raises(UserError, match="config file 'nope.py' not found"):
+        load_config(["nope.py"])
+    with pytest.raises(UserError, match="options start with --"):
+        load_config(["batch_size=3"])
+
+
+def test_total_batch_size_derives_gradient_accumulation():
+    cfg = load_config(["--total_batch_size=4096", "--batch_size=8", "--block_size=64"])
+    assert cfg.gradient_accumulation_steps == 8
+    # build-nanogpt's run: 2**19 tokens, micro-batch 64 x 1024
+    cfg = load_config(["--total_batch_size=524288", "--batch_size=64", "--block_size=1024"])
+    assert cfg.gradient_accumulation_steps == 8
+    with pytest.raises(UserError, match=r"total_batch_size=1000 is not a multiple of batch_size \* block_size"):
+        load_config(["--total_batch_size=1000", "--batch_size=8", "--block_size=64"])
+    with pytest.raises(UserError, match="contradicts total_batch_size"):
+        load_config(["--total_batch_size=4096", "--batch_size=8", "--block_size=64",
+                     "--gradient_accumulation_steps=2"])
+    same = load_config(["--total_batch_size=4096", "--batch_size=8", "--block_size=64",
+                        "--gradient_accumulation_steps=8"])
+    assert same.gradient_accumulation_steps == 8

@@ -1,0 +1,61 @@
+"""AdamW parameter groups and the learning-rate schedule, against values computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptforge.model import GPT, GPTConfig
+from gptforge.optim import configure_optimizer, get_lr
+
+SCHED = dict(learning_rate=1e-3, warmup_iters=100, lr_decay_iters=2000, min_lr=1e-4)
+
+
+@pytest.mark.parametrize("it, expected", [
+    (0, 1e-3 * 1 / 101),  # warmup starts above zero
+    (49, 1e-3 * 50 / 101),
+    (99, 1e-3 * 100 / 101),  # last warmup step
+    (100, 1e-3),  # cosine starts at the peak
+    (575, 1e-4 + 0.5 * (1 + 0.7071067811865476) * 9e-4),  # a quarter of the way: cos(pi / 4)
+    (1050, 5.5e-4),  # half way: the mean of peak and floor
+    (2000, 1e-4),
+    (2001, 1e-4),
+    (10**6, 1e-4),
+])
+def test_schedule_hand_computed(it, expected):
+    assert get_lr(it, **SCHED) == pytest.approx(expected, rel=1e-12)
+
+
+def test_schedule_is_monotonic_and_constant_without_decay():
+    lrs = [get_lr(i, **SCHED) for i in range(2100)]
+    assert all(a < b for a, b in zip(lrs[:100], lrs[1:101], strict=True))
+    assert all(a >= b for a, b in zip(lrs[100:], lrs[101:], strict=False))
+    assert all(get_lr(i, **SCHED, decay_lr=False) == 1e-3 for i in (0, 50, 100, 5000))
+    # warmup longer than the decay horizon must not divide by zero
+    assert get_lr(10, 1e-3, 20, 20, 1e-4) == pytest.approx(1e-3 * 11 / 21)
+    assert get_lr(20, 1e-3, 20, 20, 1e-4) == 1e-4
+
+
+def test_weight_decay_only_on_matrices_and_embeddings():
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8, bias=True))
+    opt = configure_optimizer(model, weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95), device_type="cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    # every parameter exactly once (the tied wte / lm_head matrix included once)
+    ids = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    assert decay["betas"] == (0.9, 0.95) and not decay["fused"]
+
+
+def test_no_decay_parameters_are_untouched_by_decay():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=1, n_embd=4, bias=True))
+    opt = configure_optimizer(model, weight_decay=0.5, learning_rate=0.1, betas=(0.9, 0.95), device_type="cpu")
+    ln_before = model.transformer.ln_f.weight.detach().clone()
+    w_before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # zero gradients: only weight decay can move a parameter
+    opt.step()
+    torch.testing.assert_close(model.transformer.ln_f.weight.detach(), ln_before)
+    torch.testing.assert_close(model.transformer.h[0].mlp.c_fc.weight.detach(), w_before * (1 - 0.1 * 0.5))

@@ -1,0 +1,239 @@
+"""The training loop, run for real on CPU with a tiny model: learning, files, determinism, exact resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+import torch
+
+from conftest import tiny_train_args
+from gptforge.checkpoint import load_checkpoint
+from gptforge.config import load_config
+from gptforge.distributed import autocast_context
+from gptforge.errors import UserError
+from gptforge.train import train
+
+
+def run(data_dir, out_dir, **overrides):
+    return train(load_config(tiny_train_args(data_dir, out_dir, **overrides)))
+
+
+def records(out_dir, kind=None):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as fh:
+        rows = [json.loads(line) for line in fh]
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+def test_run_learns_and_writes_its_files(char_data, tmp_path):
+    out = tmp_path / "run"
+    result = run(char_data, out, max_iters=30, lr_decay_iters=30)
+    evals = records(out, "eval")
+    assert [r["step"] for r in evals] == [0, 10, 20, 30]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5, evals  # from ~ln(vocab) to well below
+    assert result["iter_num"] == 30 and result["losses"]["val"] == evals[-1]["val_loss"]
+    train_rows = records(out, "train")
+    assert [r["step"] for r in train_rows] == list(range(30))
+    for key in ("loss", "lr", "grad_norm", "ms_per_iter", "tokens_per_s", "eta_s"):
+        assert all(isinstance(r[key], float) for r in train_rows), key
+    assert train_rows[-1]["mfu"] > 0 and train_rows[0]["mfu"] is None  # running MFU starts after 5 steps
+    lines = (out / "log.txt").read_text().splitlines()
+    assert lines[0] == f"0 val {evals[0]['val_loss']:.4f}" and lines[1] == f"0 train {train_rows[0]['loss']:.6f}"
+    assert all(re.fullmatch(r"\d+ (train \d+\.\d{6}|val \d+\.\d{4})", line) for line in lines)
+    config = json.loads((out / "config.json").read_text())
+    assert config["device"] == "cpu" and config["dtype"] == "float32" and config["compile"] is False
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert ckpt["iter_num"] == 30 and ckpt["best_val_loss"] == min(r["val_loss"] for r in evals)
+    assert set(ckpt) >= {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "config", "scaler",
+                         "rng", "data_state", "tokenizer", "format_version"}
+    assert ckpt["model_args"]["vocab_size"] == ckpt["tokenizer"]["itos"].__len__()
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+
+
+def test_same_command_twice_gives_same_losses(char_data, tmp_path):
+    run(char_data, tmp_path / "a", max_iters=8, dropout=0.1)
+    run(char_data, tmp_path / "b", max_iters=8, dropout=0.1)
+    a, b = records(tmp_path / "a", "train"), records(tmp_path / "b", "train")
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    c = run(char_data, tmp_path / "c", max_iters=8, dropout=0.1, seed=7)
+    assert c["losses"] != run(char_data, tmp_path / "d", max_iters=8, dropout=0.1)["losses"]
+
+
+def test_resume_continues_at_the_right_iteration_with_identical_state(char_data, tmp_path):
+    """A run stopped at step 10 and resumed to 20 equals an uninterrupted 20-step run, bit for bit (CPU fp32)."""
+    common = dict(max_iters=20, lr_decay_iters=20, dropout=0.1)
+    run(char_data, tmp_path / "whole", **common)
+    run(char_data, tmp_path / "split", **{**common, "max_iters": 10})
+    first = load_checkpoint(str(tmp_path / "split" / "ckpt.pt"))
+    assert first["iter_num"] == 10
+    result = run(char_data, tmp_path / "split", **common, init_from="resume")
+    assert result["iter_num"] == 20
+
+    whole, split = load_checkpoint(str(tmp_path / "whole/ckpt.pt")), load_checkpoint(str(tmp_path / "split/ckpt.pt"))
+    assert split["iter_num"] == whole["iter_num"] == 20
+    for key, tensor in whole["model"].items():
+        assert torch.equal(tensor, split["model"][key]), key
+    for pid, state in whole["optimizer"]["state"].items():
+        for name, value in state.items():
+            assert torch.equal(value, split["optimizer"]["state"][pid][name]), (pid, name)
+    assert whole["optimizer"]["param_groups"] == split["optimizer"]["param_groups"]
+    # the metrics of the resumed run read like the uninterrupted run's: same steps, same losses, no repeats
+    strip = [{k: v for k, v in r.items() if k in ("step", "kind", "loss", "val_loss", "train_loss", "lr")}
+             for r in records(tmp_path / "whole")]
+    assert strip == [{k: v for k, v in r.items() if k in ("step", "kind", "loss", "val_loss", "train_loss", "lr")}
+                     for r in records(tmp_path / "split")]
+    assert (tmp_path / "whole/log.txt").read_text() == (tmp_path / "split/log.txt").read_text()
+
+
+class ListBatches:
+    """A data source replaying given batches: stands in for RandomBatches to feed chosen data."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def next_batch(self):
+        return self.batches.pop(0)
+
+    def state_dict(self):
+        return {"left": len(self.batches)}
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    """4 micro-batches of 2 give the gradient and loss of one batch of 8 (the loss is divided by accum)."""
+    from gptforge.model import GPT, GPTConfig
+    from gptforge.train import accumulate_gradients
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).double()
+    x, y = torch.randint(0, 50, (8, 16)), torch.randint(0, 50, (8, 16))
+    micro = [(x[i : i + 2], y[i : i + 2]) for i in range(0, 8, 2)]
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    nullctx = autocast_context("cpu", "float32")
+
+    loss, nx, ny, state = accumulate_gradients(model, *micro[0], ListBatches(micro[1:] + [(x, y)]), 4, nullctx,
+                                               scaler, ddp=False)
+    accumulated = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert torch.equal(nx, x) and state == {"left": 1}  # the batch after the last micro-batch is prefetched
+    model.zero_grad(set_to_none=True)
+    big_loss, *_ = accumulate_gradients(model, x, y, ListBatches([(x, y)]), 1, nullctx, scaler, ddp=False)
+    assert loss.item() == pytest.approx(big_loss.item(), rel=1e-12)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(accumulated[name], p.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_total_batch_size_sets_accumulation(char_data, tmp_path, capsys):
+    run(char_data, tmp_path / "r", max_iters=2, batch_size=4, block_size=32, total_batch_size=512,
+        gradient_accumulation_steps=None)
+    assert "tokens per iteration: 512 = 4 accumulation x 1 processes x 4 batch x 32 block" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r/config.json").read_text())["gradient_accumulation_steps"] == 4
+
+
+def test_best_val_loss_never_gets_worse_and_always_save(char_data, tmp_path):
+    out = tmp_path / "r"
+    run(char_data, out, max_iters=10)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    ckpt["best_val_loss"] = 0.01  # pretend an earlier evaluation was far better
+    torch.save(ckpt, out / "ckpt.pt")
+    # always_save_checkpoint=False: no improvement, so ckpt.pt (the best model) is left alone
+    run(char_data, out, max_iters=20, init_from="resume", always_save_checkpoint=False)
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 10
+    # always_save_checkpoint=True: saved anyway, but the best stays the best
+    run(char_data, out, max_iters=20, init_from="resume", always_save_checkpoint=True)
+    saved = load_checkpoint(str(out / "ckpt.pt"))
+    assert saved["iter_num"] == 20 and saved["best_val_loss"] == 0.01
+
+
+def test_eval_only_evaluates_once_and_writes_no_checkpoint(char_data, tmp_path):
+    out = tmp_path / "r"
+    run(char_data, out, max_iters=10)
+    before = (out / "ckpt.pt").read_bytes()
+    result = run(char_data, out, init_from="resume", eval_only=True)
+    assert result["iter_num"] == 10
+    assert [r["step"] for r in records(out) if r["kind"] == "eval"][-1] == 10
+    assert not [r for r in records(out, "train") if r["step"] >= 10]
+    assert (out / "ckpt.pt").read_bytes() == before
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_reduced_precision_on_cpu(char_data, tmp_path, dtype):
+    result = run(char_data, tmp_path / dtype, dtype=dtype, max_iters=10)
+    reference = run(char_data, tmp_path / "fp32", dtype="float32", max_iters=10)
+    assert result["losses"]["val"] == pytest.approx(reference["losses"]["val"], abs=0.05)
+    assert result["losses"]["val"] != reference["losses"]["val"]  # autocast really ran in lower precision
+    ckpt = load_checkpoint(str(tmp_path / dtype / "ckpt.pt"))
+    assert ckpt["config"]["dtype"] == dtype
+    assert bool(ckpt["scaler"]) == (dtype == "float16")  # a GradScaler only for float16
+    assert all(v.dtype == torch.float32 for v in ckpt["model"].values())  # weights stay float32
+
+
+def test_autocast_context_casts_matmuls():
+    lin = torch.nn.Linear(4, 4)
+    with autocast_context("cpu", "bfloat16"):
+        assert lin(torch.randn(2, 4)).dtype == torch.bfloat16
+    with autocast_context("cpu", "float32"):
+        assert lin(torch.randn(2, 4)).dtype == torch.float32
+
+
+def test_user_errors_before_any_training(char_data, tmp_path):
+    with pytest.raises(UserError, match="holds .* tokens, not more than block_size=4096"):
+        run(char_data, tmp_path / "r", block_size=4096)
+    with pytest.raises(UserError, match="dataset folder .*nope.* not found"):
+        run(char_data, tmp_path / "r", dataset="nope")
+    with pytest.raises(UserError, match="checkpoint .*ckpt.pt not found"):
+        run(char_data, tmp_path / "empty", init_from="resume")
+    with pytest.raises(UserError, match="--device=cuda: no CUDA device"):
+        run(char_data, tmp_path / "r", device="cuda")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UserError, match="--out_dir=.*cannot write there"):
+        run(char_data, blocker / "sub")
+
+
+def test_measuring_peak_flops_leaves_the_global_rng_alone():
+    from gptforge.distributed import measure_matmul_flops
+
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
+    assert measure_matmul_flops("cpu", "float32", n=64, reps=1) > 0
+    assert torch.equal(torch.rand(4), expected)
+
+
+def nanogpt_checkpoint(path, model_args, iter_num=5):
+    """A checkpoint laid out as nanoGPT writes it: compiled-model prefixes, tensor best_val_loss, no extras."""
+    from gptforge.model import GPT, GPTConfig
+    from gptforge.optim import configure_optimizer
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**model_args))
+    opt = configure_optimizer(model, 0.1, 1e-3, (0.9, 0.99), "cpu")
+    torch.save({"model": {"_orig_mod." + k: v for k, v in model.state_dict().items()},
+                "optimizer": opt.state_dict(), "model_args": model_args, "iter_num": iter_num,
+                "best_val_loss": torch.tensor(3.5), "config": {"dataset": "tiny", "batch_size": 8}}, path)
+    return model
+
+
+def test_resume_from_a_nanogpt_checkpoint(char_data, tmp_path):
+    vocab = json.loads((char_data / "tiny/meta.json").read_text())["vocab_size"]
+    out = tmp_path / "r"
+    out.mkdir()
+    args = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, bias=False, vocab_size=vocab, dropout=0.0)
+    nanogpt_checkpoint(out / "ckpt.pt", args)
+    result = run(char_data, out, init_from="resume", max_iters=8)
+    assert result["iter_num"] == 8
+    assert [r["step"] for r in records(out, "train")] == [5, 6, 7]
+    assert load_checkpoint(str(out / "ckpt.pt"))["best_val_loss"] < 3.5
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager_and_saves_plain_names(char_data, tmp_path):
+    """torch.compile on CPU (inductor, needs a C++ compiler): same losses as eager, no `_orig_mod.` saved."""
+    eager = run(char_data, tmp_path / "eager", max_iters=3, eval_interval=3, eval_iters=2, n_layer=1)
+    compiled = run(char_data, tmp_path / "compiled", max_iters=3, eval_interval=3, eval_iters=2, n_layer=1,
+                   compile=True)
+    assert compiled["losses"]["val"] == pytest.approx(eager["losses"]["val"], abs=1e-4)
+    ckpt = load_checkpoint(str(tmp_path / "compiled/ckpt.pt"))
+    raw = torch.load(tmp_path / "compiled/ckpt.pt", weights_only=True)["model"]
+    assert not any("_orig_mod" in k for k in raw) and ckpt["config"]["compile"] is True
