@@ -22,6 +22,18 @@ if TIKTOKEN_CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run only where CUDA is available."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def need_shared(path: Path) -> Path:
     """The path inside ../shared/data, or skip (fail under CI) when it is missing."""
     if not path.exists():

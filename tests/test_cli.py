@@ -53,6 +53,9 @@ def test_sample_start_from_file_and_gpt2_bpe_run(tmp_path, shakespeare_path, tik
                 "--temperature=0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("To be, or not to be") and r.stdout.endswith("---------------\n")
+    from gptforge.checkpoint import load_checkpoint
+
+    assert load_checkpoint(str(tmp_path / "out/ckpt.pt"))["model_args"]["vocab_size"] == 50304  # 50257 padded
 
 
 @pytest.mark.parametrize("command", ["prepare", "train", "sample"])

@@ -237,3 +237,26 @@ def test_compiled_training_matches_eager_and_saves_plain_names(char_data, tmp_pa
     ckpt = load_checkpoint(str(tmp_path / "compiled/ckpt.pt"))
     raw = torch.load(tmp_path / "compiled/ckpt.pt", weights_only=True)["model"]
     assert not any("_orig_mod" in k for k in raw) and ckpt["config"]["compile"] is True
+
+
+def test_auto_resolution_on_this_machine():
+    from gptforge.distributed import resolve_compile, resolve_device, resolve_dtype
+
+    expected_device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    assert resolve_device("auto") == expected_device
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_dtype("auto", "cpu") == "float32" and resolve_dtype("bfloat16", "cpu") == "bfloat16"
+    assert resolve_compile("auto", "cpu") is False and resolve_compile("auto", "cuda") is True
+    assert resolve_compile(True, "cpu") is True and resolve_compile(False, "cuda") is False
+    with pytest.raises(UserError, match="--device must be"):
+        resolve_device("tpu")
+
+
+@pytest.mark.gpu
+def test_cuda_training_with_autocast_compile_and_pinned_batches(char_data, tmp_path):
+    """On a GPU: bf16/fp16 autocast, torch.compile, fused AdamW and pinned, non-blocking batches."""
+    result = run(char_data, tmp_path / "gpu", device="cuda", dtype="auto", compile=True, max_iters=10)
+    reference = run(char_data, tmp_path / "cpu", max_iters=10)
+    assert result["losses"]["val"] == pytest.approx(reference["losses"]["val"], abs=0.1)
+    ckpt = load_checkpoint(str(tmp_path / "gpu/ckpt.pt"))
+    assert ckpt["config"]["dtype"] in ("bfloat16", "float16") and ckpt["config"]["compile"] is True

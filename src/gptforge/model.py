@@ -29,6 +29,10 @@ class GPTConfig:
     bias: bool = True  # GPT-2 has biases in Linear and LayerNorm; False is slightly better and faster
 
 
+# The GPTConfig fields a checkpoint's `model_args` must fix (dropout may change between runs).
+MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()

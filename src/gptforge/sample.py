@@ -19,7 +19,7 @@ from gptforge.checkpoint import load_checkpoint, load_model_state
 from gptforge.data.loader import read_meta
 from gptforge.distributed import autocast_context, resolve_device, resolve_dtype
 from gptforge.errors import UserError
-from gptforge.model import GPT, GPTConfig
+from gptforge.model import GPT, MODEL_ARGS, GPTConfig
 from gptforge.tokenizer import Tokenizer, from_spec
 
 SEPARATOR = "---------------"
@@ -42,7 +42,7 @@ def load_run(out_dir: str, device: str) -> tuple[GPT, Tokenizer]:
     """The model of `<out_dir>/ckpt.pt` in eval mode on `device`, and the tokenizer it was trained with."""
     path = os.path.join(out_dir, "ckpt.pt")
     ckpt = load_checkpoint(path, map_location="cpu")
-    args = {k: ckpt["model_args"][k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")}
+    args = {k: ckpt["model_args"][k] for k in MODEL_ARGS}
     model = GPT(GPTConfig(**args, dropout=0.0))
     load_model_state(model, ckpt["model"], path)
     model.eval().to(device)

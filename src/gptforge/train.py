@@ -42,10 +42,8 @@ from gptforge.distributed import (
 from gptforge.errors import UserError
 from gptforge.evaluate.loss import estimate_loss
 from gptforge.metrics import Metrics
-from gptforge.model import GPT, GPTConfig
+from gptforge.model import GPT, MODEL_ARGS, GPTConfig
 from gptforge.optim import configure_optimizer, get_lr
-
-MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
