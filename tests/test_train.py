@@ -103,7 +103,7 @@ class ListBatches:
 def test_gradient_accumulation_equals_one_big_batch():
     """4 micro-batches of 2 give the gradient and loss of one batch of 8 (the loss is divided by accum)."""
     from gptforge.model import GPT, GPTConfig
-    from gptforge.train import accumulate_gradients
+    from gptforge.optim import accumulate_gradients
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).double()
@@ -245,7 +245,7 @@ def test_auto_resolution_on_this_machine():
     expected_device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     assert resolve_device("auto") == expected_device
     assert resolve_device("cpu") == "cpu"
-    assert resolve_dtype("auto", "cpu") == "float32" and resolve_dtype("bfloat16", "cpu") == "bfloat16"
+    assert resolve_dtype("bfloat16", "cpu") == "bfloat16" and resolve_dtype("auto", "cpu", n_embd=128) == "float32"
     assert resolve_compile("auto", "cpu") is False and resolve_compile("auto", "cuda") is True
     assert resolve_compile(True, "cpu") is True and resolve_compile(False, "cuda") is False
     with pytest.raises(UserError, match="--device must be"):
@@ -260,3 +260,15 @@ def test_cuda_training_with_autocast_compile_and_pinned_batches(char_data, tmp_p
     assert result["losses"]["val"] == pytest.approx(reference["losses"]["val"], abs=0.1)
     ckpt = load_checkpoint(str(tmp_path / "gpu/ckpt.pt"))
     assert ckpt["config"]["dtype"] in ("bfloat16", "float16") and ckpt["config"]["compile"] is True
+
+
+@pytest.mark.parametrize("fast_bf16, n_embd, expected", [
+    (True, 384, "bfloat16"), (True, 128, "float32"), (False, 384, "float32"), (False, 4096, "float32"),
+])
+def test_auto_dtype_on_cpu_follows_the_hardware(monkeypatch, fast_bf16, n_embd, expected):
+    """bfloat16 only where the CPU multiplies it in hardware and the model is wide enough for it to pay."""
+    from gptforge import distributed
+
+    monkeypatch.setattr(distributed, "cpu_has_fast_bf16", lambda: fast_bf16)
+    assert distributed.resolve_dtype("auto", "cpu", n_embd) == expected
+    assert distributed.resolve_dtype("float32", "cpu", n_embd) == "float32"

@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val_fraction", type=float, default=0.1, help="share of the tokens held out for validation")
 
     sub.add_parser("train", help="train a GPT (nanoGPT config files and --key=value options)", add_help=False)
+    sub.add_parser("bench", help="time the training step: tokens/s, MFU, memory; --compare with the baseline",
+                   add_help=False)
 
     p = sub.add_parser("sample", help="sample text from a trained run", formatter_class=fmt,
                        description="Print samples from <out_dir>/ckpt.pt to stdout, each followed by a line of dashes.")
@@ -69,6 +71,8 @@ def run(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv and argv[0] == "train":
         return run_train(argv[1:])
+    if argv and argv[0] == "bench":
+        return run_bench(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -98,6 +102,53 @@ def run_train(args: list[str]) -> int:
     from gptforge.train import train
 
     train(cfg)
+    return 0
+
+
+BENCH_USAGE = """usage: gptforge bench [CONFIG_FILE ...] [--key=value ...] [--compare] [--json] [--iters N] [--warmup N]
+                      [--rounds N] [--generation] [--tokenizers[=TEXT_FILE]]
+
+Time the real training step of a config (forward, backward, clipping, AdamW, with its gradient accumulation)
+on random tokens, after warm-up. Config files and --key=value work as for `gptforge train`.
+
+  --compare          also time the baseline (float32, eager, plain AdamW: nanoGPT on a CPU), alternating
+                     with the default in rounds, and report the speedup (default tokens/s / baseline tokens/s)
+  --json             print one JSON object on stdout: {"default": M, "baseline": M, "speedup": x, ...} with
+                     M = {"ms_per_iter", "tokens_per_s", "mfu", "peak_mem_bytes", ...}
+  --iters N          timed steps per mode and round (default 5)
+  --warmup N         untimed steps first (default 2; compilation happens here)
+  --rounds N         alternating rounds (default 2)
+  --generation       also time sampling 200 tokens
+  --tokenizers[=F]   also time tokenising F (default: generated text) with the char and GPT-2 tokenizers
+"""
+
+
+def run_bench(args: list[str]) -> int:
+    if "-h" in args or "--help" in args:
+        print(BENCH_USAGE)
+        return 0
+    opts = {"compare": False, "json": False, "iters": 5, "warmup": 2, "rounds": 2, "generation": False,
+            "tokenizers": None}
+    rest = []
+    it = iter(args)
+    for arg in it:
+        key, eq, value = arg.partition("=")
+        name = key[2:] if key.startswith("--") else None
+        if name in ("compare", "json", "generation") and not eq:
+            opts[name] = True
+        elif name == "tokenizers":
+            opts[name] = value if eq else ""
+        elif name in ("iters", "warmup", "rounds"):
+            text = value if eq else next(it, "")
+            if not text.lstrip("-").isdigit():
+                raise UserError(f"--{name} needs an integer, got {text!r}")
+            opts[name] = int(text)
+        else:
+            rest.append(arg)
+    from gptforge.bench import run_bench as bench
+    from gptforge.config import load_config
+
+    bench(load_config(rest), as_json=opts.pop("json"), **opts)
     return 0
 
 

@@ -75,10 +75,16 @@ class TrainConfig:
     backend: str = _f("nccl", "torch.distributed backend: 'nccl', 'gloo' or 'auto' (nccl on CUDA, else gloo)")
     device: str = _f("cuda", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto' (cuda > mps > cpu)")
     dtype: str = _f(
-        "auto", "'float32', 'bfloat16', 'float16' (with a GradScaler) or 'auto' (bf16 on CUDA if supported, "
-        "else float16; float32 on CPU and MPS)"
+        "auto", "'float32', 'bfloat16', 'float16' (with a GradScaler) or 'auto' (CUDA: bf16 if supported, else "
+        "float16; CPU: bf16 with AMX/AVX512-BF16 and n_embd >= 256, else float32; MPS: float32)"
     )
     compile: bool | str = _f("auto", "torch.compile the model: True, False or 'auto' (on for CUDA, off elsewhere)")
+    # --- samples and sinks (gptforge's own) --------------------------------------------------------------------
+    sample_interval: int = _f(0, "optimizer steps between text samples during training (samples.jsonl); 0 = off")
+    num_samples: int = _f(4, "samples drawn at each sample_interval")
+    sample_prompt: str = _f("Hello, I'm a language model,", "prompt of the samples drawn during training")
+    sample_tokens: int = _f(32, "tokens generated per sample during training (top-k 50)")
+    tensorboard_log: bool = _f(False, "also write TensorBoard event files to out_dir/tensorboard")
     # --- gptforge's own --------------------------------------------------------------------------------------
     seed: int = _f(1337, "random seed; each process adds its rank")
     peak_flops: float = _f(0.0, "peak FLOP/s for the MFU figure; 0 = a table for GPUs, a quick measure on CPU")
@@ -242,12 +248,12 @@ def derive_batch(cfg: TrainConfig, explicit: set[str]) -> None:
 def validate(cfg: TrainConfig) -> None:
     """Checks that need no data or device: each names the key and what would be accepted."""
     positive = ["batch_size", "block_size", "n_layer", "n_head", "n_embd", "gradient_accumulation_steps",
-                "eval_interval", "log_interval", "eval_iters"]
+                "eval_interval", "log_interval", "eval_iters", "num_samples", "sample_tokens"]
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise UserError(f"--{key} must be a positive integer, got {getattr(cfg, key)}")
     for key in ["learning_rate", "min_lr", "weight_decay", "grad_clip", "max_iters", "warmup_iters",
-                "lr_decay_iters", "peak_flops", "total_batch_size"]:
+                "lr_decay_iters", "peak_flops", "total_batch_size", "sample_interval"]:
         if getattr(cfg, key) < 0:
             raise UserError(f"--{key} must not be negative, got {getattr(cfg, key)}")
     if cfg.n_embd % cfg.n_head:

@@ -69,11 +69,30 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def resolve_dtype(name: str, device_type: str) -> str:
-    """'auto' -> bfloat16 on CUDA when supported, else float16 (with a GradScaler); float32 on CPU and MPS."""
+def cpu_has_fast_bf16() -> bool:
+    """True when the CPU multiplies bfloat16 matrices in hardware (AMX tiles or AVX512-BF16).
+
+    Without them oneDNN emulates bfloat16 and it runs several times slower than float32 (measured on a
+    Skylake-SP: 50 vs 250 GFLOP/s); with AMX it runs 5-6x faster than float32.
+    """
+    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+
+
+# Below this width bfloat16 does not pay on a CPU even with AMX: the matmuls are too small to gain and the
+# bf16 flash-attention backward costs more than it saves (4 layers x 128 wide: 38.6 ms/step vs 31 in fp32).
+CPU_BF16_MIN_WIDTH = 256
+
+
+def resolve_dtype(name: str, device_type: str, n_embd: int | None = None) -> str:
+    """'auto' -> bfloat16 on CUDA when supported, else float16 (with a GradScaler); on CPU bfloat16 when the
+    hardware has it (AMX / AVX512-BF16) and the model is at least CPU_BF16_MIN_WIDTH wide, else float32;
+    float32 on MPS."""
     if name == "auto":
         if device_type == "cuda":
             return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        wide = n_embd is None or n_embd >= CPU_BF16_MIN_WIDTH
+        if device_type == "cpu" and wide and cpu_has_fast_bf16():
+            return "bfloat16"
         return "float32"
     if name not in DTYPES:
         raise UserError(f"--dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")

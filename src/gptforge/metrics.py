@@ -6,7 +6,8 @@
     metrics.close()
 
 Sinks: the console line (stdout), `metrics.jsonl` (one JSON object per line: step, kind, values, time),
-`log.txt` (build-nanogpt's `{step} train {loss:.6f}` / `{step} val {loss:.4f}`), and wandb when asked.
+`log.txt` (build-nanogpt's `{step} train {loss:.6f}` / `{step} val {loss:.4f}`), `samples.jsonl` (text
+samples), and when asked wandb and TensorBoard (event files in `<out_dir>/tensorboard`).
 A fresh run starts these files empty; a run resumed at step N keeps the lines of steps before N and drops
 the rest (it evaluates step N again), so no step appears twice. Only rank 0 writes (`enabled`).
 """
@@ -29,20 +30,26 @@ class Metrics:
         enabled: bool = True,
         resume_step: int | None = None,
         wandb: dict[str, Any] | None = None,
+        tensorboard: bool = False,
     ):
         """wandb: None, or dict(project=..., name=..., config=..., id=...) to log there too."""
         self.enabled = enabled
         self.jsonl_path = os.path.join(out_dir, "metrics.jsonl")
         self.txt_path = os.path.join(out_dir, "log.txt")
-        self.wandb_run = None
+        self.samples_path = os.path.join(out_dir, "samples.jsonl")
+        self.wandb_run = self.tb = None
         if not enabled:
             return
-        for path, parse in ((self.jsonl_path, _jsonl_step), (self.txt_path, _txt_step)):
+        for path, parse in ((self.jsonl_path, _jsonl_step), (self.txt_path, _txt_step),
+                            (self.samples_path, _jsonl_step)):
             _keep_before(path, parse, resume_step)
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.txt = open(self.txt_path, "a", encoding="utf-8")
+        self.samples = open(self.samples_path, "a", encoding="utf-8")
         if wandb is not None:
             self.wandb_run = _start_wandb(**wandb)
+        if tensorboard:
+            self.tb = _start_tensorboard(os.path.join(out_dir, "tensorboard"), purge_step=resume_step)
 
     @property
     def wandb_id(self) -> str | None:
@@ -59,9 +66,26 @@ class Metrics:
             self.txt.write(line + "\n")
             self.txt.flush()
         print(_console_line(step, kind, values), flush=True)
+        numbers = {f"{kind}/{k}": v for k, v in values.items() if isinstance(v, (int, float)) and v is not None}
         if self.wandb_run is not None:
-            numbers = {f"{kind}/{k}": v for k, v in values.items() if isinstance(v, (int, float))}
             self.wandb_run.log(numbers, step=step)
+        if self.tb is not None:
+            for tag, value in numbers.items():
+                self.tb.add_scalar(tag, value, step)
+
+    def log_samples(self, step: int, prompt: str, texts: list[str]) -> None:
+        """Text samples: samples.jsonl, the console, and wandb / TensorBoard when on."""
+        if not self.enabled:
+            return
+        record = {"step": step, "prompt": prompt, "samples": texts, "time": round(time.time(), 3)}
+        self.samples.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.samples.flush()
+        print(f"step {step}: samples", *[f"  > {t!r}" for t in texts], sep="\n", flush=True)
+        joined = "\n\n---\n\n".join(texts)
+        if self.wandb_run is not None:
+            self.wandb_run.log({"samples/text": joined}, step=step)
+        if self.tb is not None:
+            self.tb.add_text("samples", joined, step)
 
     def info(self, message: str) -> None:
         """A plain message for the console only (rank 0)."""
@@ -73,6 +97,10 @@ class Metrics:
             return
         self.jsonl.close()
         self.txt.close()
+        self.samples.close()
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
@@ -138,6 +166,16 @@ def _keep_before(path: str, parse, resume_step: int | None) -> None:
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.writelines(kept)
     os.replace(tmp, path)
+
+
+def _start_tensorboard(folder: str, purge_step: int | None):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UserError("tensorboard_log=True needs tensorboard: pip install 'gptforge[tensorboard]', "
+                        "or set --tensorboard_log=False") from None
+    # purge_step drops events a resumed run is about to write again
+    return SummaryWriter(log_dir=folder, purge_step=purge_step)
 
 
 def _start_wandb(project: str, name: str, config: dict[str, Any], id: str | None = None):

@@ -143,7 +143,7 @@ class GPT(nn.Module):
             return self.lm_head(x[:, [-1], :]), None  # (B, 1, V)
         logits = self.lm_head(x)  # (B, T, V)
         # Cross-entropy in float32 even under autocast: the softmax over 50k entries needs the range.
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def crop_block_size(self, block_size: int) -> None:

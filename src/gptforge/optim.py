@@ -1,4 +1,4 @@
-"""AdamW with decoupled weight decay on matrices only, and the learning-rate schedule.
+"""AdamW with decoupled weight decay on matrices only, the learning-rate schedule, and gradient accumulation.
 
     optimizer = configure_optimizer(model, weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95), device_type="cuda")
     lr = get_lr(it, learning_rate=6e-4, warmup_iters=2000, lr_decay_iters=600000, min_lr=6e-5)
@@ -46,3 +46,25 @@ def get_lr(
     ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)  # 0 -> 1 across the decay
     coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
     return min_lr + coeff * (learning_rate - min_lr)
+
+
+def accumulate_gradients(model, X, Y, batches, accum: int, ctx, scaler, ddp: bool):
+    """Forward and backward over `accum` micro-batches, starting with (X, Y), summing gradients in .grad.
+
+    Returns (mean loss as a tensor, the next step's X and Y, the loader's state before they were drawn).
+    Each micro-batch's loss is divided by accum, so the gradient is the mean over all of them, as one big
+    batch would give. The next batch is fetched before backward: on a GPU the copy overlaps the compute.
+    """
+    loss_sum = torch.zeros((), device=X.device)
+    for micro_step in range(accum):
+        if ddp:
+            model.require_backward_grad_sync = micro_step == accum - 1  # all-reduce once per step, not per micro
+        with ctx:
+            _, loss = model(X, Y)
+            loss = loss / accum
+        if micro_step == accum - 1:
+            data_state = batches.state_dict()  # what a resume must restore to draw the same next batch
+        X, Y = batches.next_batch()
+        scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+    return loss_sum, X, Y, data_state

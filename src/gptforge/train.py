@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gptforge.checkpoint import FORMAT_VERSION, capture_rng, load_checkpoint, load_model_state, restore_rng
 from gptforge.checkpoint import save_checkpoint as write_checkpoint
-from gptforge.config import TrainConfig
+from gptforge.config import FIELDS, TrainConfig
 from gptforge.data.loader import RandomBatches, dataset_dir, read_meta
 from gptforge.distributed import (
     DistEnv,
@@ -43,7 +43,8 @@ from gptforge.errors import UserError
 from gptforge.evaluate.loss import estimate_loss
 from gptforge.metrics import Metrics
 from gptforge.model import GPT, MODEL_ARGS, GPTConfig
-from gptforge.optim import configure_optimizer, get_lr
+from gptforge.optim import accumulate_gradients, configure_optimizer, get_lr
+from gptforge.tokenizer import from_spec
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     cfg = dataclasses.replace(cfg, device=env.device)
-    cfg.dtype = resolve_dtype(cfg.dtype, env.device_type)
+    cfg.dtype = resolve_dtype(cfg.dtype, env.device_type, cfg.n_embd)
     cfg.compile = resolve_compile(cfg.compile, env.device_type)
     if cfg.gradient_accumulation_steps % env.world_size:
         raise UserError(
@@ -99,7 +100,9 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     if cfg.wandb_log:
         wandb = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=dataclasses.asdict(cfg),
                      id=ckpt.get("wandb_run_id") if ckpt else None)
-    metrics = Metrics(cfg.out_dir, enabled=env.is_main, resume_step=iter_num if ckpt else None, wandb=wandb)
+    metrics = Metrics(cfg.out_dir, enabled=env.is_main, resume_step=iter_num if ckpt else None, wandb=wandb,
+                      tensorboard=cfg.tensorboard_log)
+    sampler = Sampler(cfg, meta, env) if cfg.sample_interval > 0 and env.is_main else None
     del ckpt  # the optimizer and model hold their own copies now
 
     raw_model = model
@@ -150,6 +153,8 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
                 if (improved or cfg.always_save_checkpoint) and iter_num > 0 and not cfg.eval_only:
                     checkpoint("val loss improved" if improved else "always_save_checkpoint")
                     saved = True
+            if sampler and ((iter_num > 0 and iter_num % cfg.sample_interval == 0) or last) and not stop.requested:
+                metrics.log_samples(iter_num, sampler.text, sampler.sample(raw_model, ctx))
             if last or cfg.eval_only:
                 break
             if stop.requested:
@@ -193,26 +198,31 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     return {"iter_num": iter_num, "best_val_loss": best_val_loss, "losses": losses}
 
 
-def accumulate_gradients(model, X, Y, batches: RandomBatches, accum: int, ctx, scaler, ddp: bool):
-    """Forward and backward over `accum` micro-batches, starting with (X, Y), summing gradients in .grad.
+class Sampler:
+    """Text samples during training from a private generator (seed 42 + rank): training's RNG is untouched."""
 
-    Returns (mean loss as a tensor, the next step's X and Y, the loader's state before they were drawn).
-    Each micro-batch's loss is divided by accum, so the gradient is the mean over all of them, as one big
-    batch would give. The next batch is fetched before backward: on a GPU the copy overlaps the compute.
-    """
-    loss_sum = torch.zeros((), device=X.device)
-    for micro_step in range(accum):
-        if ddp:
-            model.require_backward_grad_sync = micro_step == accum - 1  # all-reduce once per step, not per micro
-        with ctx:
-            _, loss = model(X, Y)
-            loss = loss / accum
-        if micro_step == accum - 1:
-            data_state = batches.state_dict()  # what a resume must restore to draw the same next batch
-        X, Y = batches.next_batch()
-        scaler.scale(loss).backward()
-        loss_sum += loss.detach()
-    return loss_sum, X, Y, data_state
+    def __init__(self, cfg: TrainConfig, meta: dict[str, Any], env: DistEnv):
+        self.tok, self.text = from_spec(tokenizer_spec(meta)), cfg.sample_prompt
+        try:
+            self.prompt = self.tok.encode(cfg.sample_prompt) or [self.tok.eot_token or 0]
+        except UserError as e:
+            if cfg.sample_prompt != FIELDS["sample_prompt"].default:
+                raise UserError(f"--sample_prompt: {e}") from None
+            # build-nanogpt's default prompt, for a character vocabulary that lacks some of its letters
+            self.text, self.prompt = self.tok.decode([0]), [0]
+        self.n, self.tokens, self.device = cfg.num_samples, cfg.sample_tokens, env.device
+        self.generator = torch.Generator(device=env.device).manual_seed(42 + env.rank)
+
+    def sample(self, model: GPT, ctx) -> list[str]:
+        idx = torch.tensor([self.prompt] * self.n, dtype=torch.long, device=self.device)  # (n, T)
+        was_training = model.training
+        model.eval()
+        try:
+            with ctx:
+                out = model.generate(idx, self.tokens, temperature=1.0, top_k=50, generator=self.generator)
+        finally:
+            model.train(was_training)
+        return [self.tok.decode(row.tolist()) for row in out]
 
 
 def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | None, ckpt_path: str):

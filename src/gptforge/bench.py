@@ -1,0 +1,257 @@
+"""Throughput, MFU and memory of the real training step, and of generation and tokenisation.
+
+    gptforge bench config/train_shakespeare_char.py --device=cpu              # the project's defaults
+    gptforge bench config/train_shakespeare_char.py --device=cpu --compare    # + float32 eager baseline, ratio
+    gptforge bench config/train_shakespeare_char_cpu.py --compare --json      # one JSON object on stdout
+
+A step is what train() runs: gradient_accumulation_steps micro-batches of forward and backward under
+autocast, clipping, the AdamW step. Batches are random tokens of the model's vocabulary, so no dataset is
+needed. Modes: `default` (the config as resolved: dtype and compile 'auto', fused AdamW where available) and
+`baseline` (what nanoGPT does on a CPU: float32, eager, plain AdamW). With --compare both are timed in the
+same process, alternating in rounds, so machine noise hits both alike. MFU is measured against this
+device's best measured matmul ceiling (float32 or bfloat16, whichever is higher), or peak_flops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from gptforge.config import TrainConfig
+from gptforge.distributed import (
+    autocast_context,
+    configure_backends,
+    cpu_has_fast_bf16,
+    measure_matmul_flops,
+    resolve_compile,
+    resolve_device,
+    resolve_dtype,
+)
+from gptforge.errors import UserError
+from gptforge.model import GPT, GPTConfig
+from gptforge.optim import accumulate_gradients, configure_optimizer
+
+
+class RandomTokens:
+    """Uniform random (x, y) batches with RandomBatches' interface, from a private generator."""
+
+    def __init__(self, batch_size: int, block_size: int, vocab_size: int, device: str):
+        self.shape, self.vocab_size, self.device = (batch_size, block_size), vocab_size, device
+        self.generator = torch.Generator().manual_seed(0)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        buf = torch.randint(self.vocab_size, (self.shape[0], self.shape[1] + 1), generator=self.generator)
+        return buf[:, :-1].contiguous().to(self.device), buf[:, 1:].contiguous().to(self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def peak_rss_bytes() -> int:
+    """This process's resident-set high-water mark (VmHWM)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_peak_rss() -> None:
+    """Linux resets VmHWM to the current RSS when 5 is written to clear_refs."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+class Mode:
+    """One way of running the step: a model, its optimizer and settings, ready to time."""
+
+    def __init__(self, name: str, cfg: TrainConfig, device: str, dtype: str, compile_: bool, fused: bool,
+                 vocab_size: int):
+        self.name, self.device, self.dtype, self.compile = name, device, dtype, compile_
+        torch.manual_seed(cfg.seed)  # both modes start from the same weights
+        args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
+                    bias=cfg.bias, vocab_size=vocab_size, dropout=cfg.dropout)
+        self.raw = GPT(GPTConfig(**args)).to(device)
+        self.optimizer = configure_optimizer(self.raw, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
+                                             "cuda" if fused else "cpu")
+        self.model = torch.compile(self.raw) if compile_ else self.raw
+        self.ctx = autocast_context(device.split(":")[0], dtype)
+        self.scaler = torch.amp.GradScaler(device.split(":")[0], enabled=dtype == "float16")
+        self.batches = RandomTokens(cfg.batch_size, cfg.block_size, vocab_size, device)
+        self.accum, self.grad_clip = cfg.gradient_accumulation_steps, cfg.grad_clip
+        self.x, self.y = self.batches.next_batch()
+        self.times: list[float] = []
+        self.compile_s: float | None = None
+        self.peak_mem = 0
+
+    def step(self) -> float:
+        t0 = time.perf_counter()
+        loss, self.x, self.y, _ = accumulate_gradients(self.model, self.x, self.y, self.batches, self.accum,
+                                                       self.ctx, self.scaler, ddp=False)
+        if self.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.item()  # wait for the device
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+
+def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rounds: int) -> dict[str, Any]:
+    device = resolve_device(cfg.device)
+    dev_type = device.split(":")[0]
+    configure_backends(dev_type)
+    vocab_size = 50304 if cfg.dataset == "openwebtext" else _dataset_vocab(cfg)
+    default = Mode("default", cfg, device, resolve_dtype(cfg.dtype, dev_type, cfg.n_embd),
+                   resolve_compile(cfg.compile, dev_type), fused=dev_type == "cuda", vocab_size=vocab_size)
+    modes = [default]
+    if compare:
+        modes.append(Mode("baseline", cfg, device, "float32", False, fused=False, vocab_size=vocab_size))
+    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+    log(f"model {default.raw.get_num_params() / 1e6:.2f}M params, {tokens_per_iter:,} tokens/iter on {device}; "
+        f"modes: " + ", ".join(f"{m.name} ({m.dtype}, compile={m.compile})" for m in modes))
+    for m in modes:  # warm-up: first steps pay for allocation, kernel selection and compilation
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            m.step()
+        if m.compile:
+            m.compile_s = time.perf_counter() - t0
+        log(f"  {m.name}: warm-up {warmup} step(s) {time.perf_counter() - t0:.1f}s")
+    for r in range(rounds):
+        for m in modes:
+            if dev_type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            else:
+                reset_peak_rss()
+            for _ in range(iters):
+                m.times.append(m.step())
+            mem = torch.cuda.max_memory_allocated(device) if dev_type == "cuda" else peak_rss_bytes()
+            m.peak_mem = max(m.peak_mem, mem)
+            log(f"  round {r + 1}/{rounds} {m.name}: {statistics.median(m.times[-iters:]) * 1000:.1f} ms/iter")
+    peaks = {dt: measure_matmul_flops(device, dt) for dt in ("float32", "bfloat16")}
+    peak = cfg.peak_flops or max(peaks.values())
+    out: dict[str, Any] = {}
+    for m in modes:
+        dt = statistics.median(m.times)
+        flops = m.raw.flops_per_token() * tokens_per_iter
+        out[m.name] = {
+            "ms_per_iter": dt * 1000, "tokens_per_s": tokens_per_iter / dt, "mfu": flops / dt / peak,
+            "peak_mem_bytes": m.peak_mem, "dtype": m.dtype, "compile": m.compile, "compile_s": m.compile_s,
+            "achieved_flops": flops / dt,
+        }
+    if compare:
+        out["speedup"] = out["default"]["tokens_per_s"] / out["baseline"]["tokens_per_s"]
+    out["device"] = {"name": device, "peak_flops": peak, "matmul_ceiling_flops": peaks,
+                     "cpu_fast_bf16": dev_type == "cpu" and cpu_has_fast_bf16(), "threads": torch.get_num_threads(),
+                     "cpu": _cpu_name()}
+    return out
+
+
+def bench_generation(cfg: TrainConfig, new_tokens: int = 200, batch: int = 1) -> dict[str, Any]:
+    """Tokens/s of sampling `new_tokens` from the config's model (random weights: speed does not depend on them)."""
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model = GPT(GPTConfig(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
+                          bias=cfg.bias, vocab_size=_dataset_vocab(cfg))).to(device).eval()
+    idx = torch.zeros((batch, 1), dtype=torch.long, device=device)
+    model.generate(idx, 4)  # warm-up
+    t0 = time.perf_counter()
+    model.generate(idx, new_tokens, top_k=200, generator=torch.Generator(device=device).manual_seed(0))
+    dt = time.perf_counter() - t0
+    return {"new_tokens": new_tokens, "batch": batch, "seconds": dt, "tokens_per_s": batch * new_tokens / dt,
+            "kv_cache": False}
+
+
+def bench_tokenizers(text_path: str | None) -> dict[str, Any]:
+    """Tokens/s of encoding text (Tiny Shakespeare when given, else generated text) with each tokenizer."""
+    from gptforge.tokenizer import CharTokenizer, GPT2Tokenizer
+
+    if text_path:
+        with open(text_path, encoding="utf-8") as fh:
+            text = fh.read()
+    else:
+        text = " ".join(f"word{i % 997} and some more text, number {i}." for i in range(60000))
+    out = {}
+    for name, make in (("char", lambda: CharTokenizer.from_text(text)), ("gpt2", GPT2Tokenizer)):
+        try:
+            tok = make()
+        except UserError as e:
+            out[name] = {"error": str(e)}
+            continue
+        t0 = time.perf_counter()
+        n = len(tok.encode(text))
+        dt = time.perf_counter() - t0
+        out[name] = {"tokens": n, "seconds": dt, "tokens_per_s": n / dt}
+    return out
+
+
+def _dataset_vocab(cfg: TrainConfig) -> int:
+    from gptforge.data.loader import read_meta
+
+    folder = os.path.join(cfg.data_dir, cfg.dataset)
+    if os.path.isdir(folder):
+        meta = read_meta(folder)
+        return meta["vocab_size"] if meta["tokenizer"] == "char" else 50304
+    return 65 if cfg.dataset.endswith("_char") else 50304
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def run_bench(cfg: TrainConfig, compare: bool, as_json: bool, iters: int, warmup: int, rounds: int,
+              generation: bool, tokenizers: str | None) -> dict[str, Any]:
+    """The `gptforge bench` command: prints a table to stderr, or one JSON object to stdout with --json."""
+    if iters <= 0 or warmup < 0 or rounds <= 0:
+        raise UserError("--iters and --rounds must be positive and --warmup not negative")
+    result = bench_training(cfg, compare, iters, warmup, rounds)
+    if generation:
+        result["generation"] = bench_generation(cfg)
+    if tokenizers is not None:
+        result["tokenizers"] = bench_tokenizers(tokenizers or None)
+    result["config"] = {k: v for k, v in dataclasses.asdict(cfg).items()
+                        if k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size",
+                                 "gradient_accumulation_steps", "dropout", "bias", "dtype", "compile")}
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for name in ("default", "baseline"):
+            if name in result:
+                m = result[name]
+                print(f"{name:>8}: {m['ms_per_iter']:9.1f} ms/iter {m['tokens_per_s']:11,.0f} tok/s  "
+                      f"mfu {m['mfu'] * 100:5.1f}%  peak mem {m['peak_mem_bytes'] / 2**20:,.0f} MiB  "
+                      f"({m['dtype']}, compile={m['compile']})")
+        if "speedup" in result:
+            print(f" speedup: {result['speedup']:.2f}x tokens/s over the baseline")
+        dev = result["device"]
+        print(f"  device: {dev['name']} ({dev['cpu']}), peak {dev['peak_flops'] / 1e9:,.0f} GFLOP/s; matmul ceilings "
+              + ", ".join(f"{k} {v / 1e9:,.0f}" for k, v in dev["matmul_ceiling_flops"].items()) + " GFLOP/s")
+        if "generation" in result:
+            print(f"generation: {result['generation']['tokens_per_s']:,.1f} tokens/s")
+        for name, t in result.get("tokenizers", {}).items():
+            print(f"tokenizer {name}: " + (f"{t['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in t else t["error"]))
+    return result

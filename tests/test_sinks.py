@@ -1,0 +1,103 @@
+"""Samples during training and the optional metric sinks (TensorBoard, wandb offline), run for real."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+from test_train import records, run
+
+
+def test_samples_during_training_leave_training_untouched(char_data, tmp_path):
+    plain = run(char_data, tmp_path / "plain", max_iters=10, dropout=0.1)
+    sampled = run(char_data, tmp_path / "sampled", max_iters=10, dropout=0.1, sample_interval=4, num_samples=3,
+                  sample_tokens=12, sample_prompt="All:")
+    assert [r["loss"] for r in records(tmp_path / "plain", "train")] == \
+        [r["loss"] for r in records(tmp_path / "sampled", "train")]
+    assert plain["losses"] == sampled["losses"]
+    rows = [json.loads(line) for line in (tmp_path / "sampled/samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [4, 8, 10]  # every sample_interval and at the last step
+    for r in rows:
+        assert r["prompt"] == "All:" and len(r["samples"]) == 3
+        assert all(s.startswith("All:") and len(s) == len("All:") + 12 for s in r["samples"])
+    # seeded 42 + rank: the same run samples the same text
+    run(char_data, tmp_path / "again", max_iters=10, dropout=0.1, sample_interval=4, num_samples=3,
+        sample_tokens=12, sample_prompt="All:")
+    assert (tmp_path / "again/samples.jsonl").read_text().count("All:") == \
+        (tmp_path / "sampled/samples.jsonl").read_text().count("All:")
+    assert [json.loads(x)["samples"] for x in (tmp_path / "again/samples.jsonl").read_text().splitlines()] == \
+        [r["samples"] for r in rows]
+
+
+def test_sample_prompt_outside_the_vocabulary_is_a_user_error(char_data, tmp_path):
+    from gptforge.errors import UserError
+
+    with pytest.raises(UserError, match="--sample_prompt: character '€'"):
+        run(char_data, tmp_path / "r", sample_interval=2, sample_prompt="€uro")
+
+
+def test_tensorboard_events_read_back_with_tensorboards_reader(char_data, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run(char_data, tmp_path / "r", max_iters=6, eval_interval=3, tensorboard_log=True, sample_interval=3)
+    acc = EventAccumulator(str(tmp_path / "r/tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    loss = acc.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(6))
+    expected = [r["loss"] for r in records(tmp_path / "r", "train")]
+    assert [e.value for e in loss] == pytest.approx(expected, rel=1e-6)
+    assert [e.step for e in acc.Scalars("eval/val_loss")] == [0, 3, 6]
+    assert "samples/text_summary" in acc.Tags()["tensors"]
+
+
+def wandb_log_records(path: str) -> list[bytes]:
+    """The records of a wandb offline run file: a 7-byte ':W&B' header, then LevelDB-style log blocks of
+    32 KiB holding records (crc32c 4 bytes, length 2, type 1: full / first / middle / last)."""
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B", data[:7]
+    pos, block, records, pending = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if left < 7 or (length == 0 and kind == 0):  # block trailer or zero padding
+            pos += left if left < 7 else 7
+            continue
+        chunk = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            records.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            records.append(pending + chunk)
+    return records
+
+
+def test_wandb_offline_run_holds_the_logged_metrics(char_data, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run(char_data, tmp_path / "r", max_iters=4, eval_interval=2, wandb_log=True, wandb_project="p",
+        wandb_run_name="tiny")
+    files = glob.glob(str(tmp_path / "wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1, os.listdir(tmp_path)
+    from wandb.proto import wandb_internal_pb2
+
+    history = []
+    for data in wandb_log_records(files[0]):
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(data)
+        if rec.WhichOneof("record_type") == "history":
+            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                            for item in rec.history.item})
+    losses = [h["train/loss"] for h in history if "train/loss" in h]
+    assert losses == pytest.approx([r["loss"] for r in records(tmp_path / "r", "train")], rel=1e-6)
+    assert [h["eval/val_loss"] for h in history if "eval/val_loss" in h] == pytest.approx(
+        [r["val_loss"] for r in records(tmp_path / "r", "eval")], rel=1e-6)
