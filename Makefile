@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # Tiny Shakespeare: the offline copy in ../shared when present, else `gptforge prepare` downloads it.
 SHAKESPEARE ?= $(wildcard $(SHARED)/tinyshakespeare/input.txt)
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install lint chromium clean
 
 $(BIN)/gptforge: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,11 @@ demo: install
 lint: install
 	$(BIN)/ruff check src tests
 
-test: lint
+# The browser test drives Debian's chromium (playwright's own browser download needs the internet).
+chromium:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+
+test: lint chromium
 	$(BIN)/python -m pytest
 
 clean:

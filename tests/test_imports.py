@@ -15,7 +15,7 @@ ALLOWED = {
     **{m: set() for m in LEAVES},
     **{m: LEAVES for m in STORAGE},
     **{m: LEAVES | STORAGE for m in USES},
-    "train": LEAVES | STORAGE | USES,
+    "train": LEAVES | STORAGE | USES | {"dashboard"},  # dashboard=True serves the run beside it
     "bench": LEAVES | STORAGE | USES,  # beside train, never importing it
 }
 

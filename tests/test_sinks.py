@@ -101,3 +101,35 @@ def test_wandb_offline_run_holds_the_logged_metrics(char_data, tmp_path, monkeyp
     assert losses == pytest.approx([r["loss"] for r in records(tmp_path / "r", "train")], rel=1e-6)
     assert [h["eval/val_loss"] for h in history if "eval/val_loss" in h] == pytest.approx(
         [r["val_loss"] for r in records(tmp_path / "r", "eval")], rel=1e-6)
+
+
+def test_train_with_dashboard_serves_its_run(char_data, tmp_path):
+    """dashboard=True: rank 0 starts the dashboard beside the run and prints its address; it serves the run."""
+    pytest.importorskip("plotly")
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from conftest import tiny_train_args
+
+    args = tiny_train_args(char_data, tmp_path / "r", max_iters=100000, lr_decay_iters=100000, eval_interval=50,
+                           dashboard=True, dashboard_port=0)
+    proc = subprocess.Popen([sys.executable, "-m", "gptforge", "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        deadline = time.time() + 60
+        for line in proc.stdout:
+            if line.startswith("dashboard: open "):
+                url = line.split()[2]
+            if url and line.startswith("iter 3:") or time.time() > deadline:
+                break
+        assert url and url.startswith("http://127.0.0.1:"), url
+        runs = json.loads(urllib.request.urlopen(url + "api/runs", timeout=10).read())
+        assert len(runs["runs"]) == 1 and runs["runs"][0]["state"] == "running", runs
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0

@@ -1,8 +1,9 @@
-"""The `gptforge` command: prepare data, train, sample.
+"""The `gptforge` command: prepare data, train, sample, watch runs in a dashboard.
 
     gptforge prepare shakespeare_char --input ../shared/data/tinyshakespeare/input.txt
     gptforge train config/train_shakespeare_char_cpu.py
     gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3
+    gptforge dashboard out-shakespeare-char
 
 Each subcommand imports its module only when it runs, so `gptforge --help` is instant. Exit codes: 0 success,
 2 a user error (one message on stderr, no traceback), 1 anything else (a bug: the traceback is kept).
@@ -64,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
+
+    p = sub.add_parser("dashboard", help="live web dashboard of training runs",
+                       formatter_class=fmt, description="Serve a live dashboard of the runs under FOLDERs: "
+                       "each is a run folder (with metrics.jsonl) or holds run folders a few levels down.")
+    p.add_argument("folders", nargs="*", default=["."], metavar="FOLDER", help="run folders or folders of runs")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; 0.0.0.0 lets other machines read your runs")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on; 0 picks a free one")
     return parser
 
 
@@ -89,6 +98,10 @@ def run(argv: Sequence[str]) -> int:
         from gptforge.sample import SampleArgs, sample
 
         sample(SampleArgs(**{k: v for k, v in vars(args).items() if k != "command"}))
+    elif args.command == "dashboard":
+        from gptforge.dashboard.server import serve
+
+        serve(args.folders, host=args.host, port=args.port)
     return 0
 
 

@@ -85,6 +85,8 @@ class TrainConfig:
     sample_prompt: str = _f("Hello, I'm a language model,", "prompt of the samples drawn during training")
     sample_tokens: int = _f(32, "tokens generated per sample during training (top-k 50)")
     tensorboard_log: bool = _f(False, "also write TensorBoard event files to out_dir/tensorboard")
+    dashboard: bool = _f(False, "serve this run's live web dashboard on 127.0.0.1 (needs gptforge[dashboard])")
+    dashboard_port: int = _f(8765, "port of the dashboard started by dashboard=True; 0 = any free port")
     # --- gptforge's own --------------------------------------------------------------------------------------
     seed: int = _f(1337, "random seed; each process adds its rank")
     peak_flops: float = _f(0.0, "peak FLOP/s for the MFU figure; 0 = a table for GPUs, a quick measure on CPU")

@@ -129,6 +129,8 @@ def _console_line(step: int, kind: str, v: dict[str, Any]) -> str:
         return ", ".join(parts)
     if kind == "eval":
         return f"step {step}: train loss {v['train_loss']:.4f}, val loss {v['val_loss']:.4f}"
+    if kind == "end":
+        return f"step {step}: done ({v.get('reason', '')})"
     return f"step {step}: {kind} " + ", ".join(f"{k} {val}" for k, val in v.items())
 
 

@@ -103,6 +103,17 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     metrics = Metrics(cfg.out_dir, enabled=env.is_main, resume_step=iter_num if ckpt else None, wandb=wandb,
                       tensorboard=cfg.tensorboard_log)
     sampler = Sampler(cfg, meta, env) if cfg.sample_interval > 0 and env.is_main else None
+    cleanup = contextlib.ExitStack()  # what must close on every way out, errors included
+    cleanup.enter_context(contextlib.closing(metrics))
+    if cfg.dashboard and env.is_main:
+        from gptforge.dashboard import start_dashboard  # standard library only: cheap to import
+
+        try:
+            server, url = start_dashboard([cfg.out_dir], "127.0.0.1", cfg.dashboard_port)
+        except UserError as e:
+            raise UserError(f"--dashboard_port={cfg.dashboard_port}: {e}") from None
+        cleanup.callback(server.stop)
+        metrics.info(f"dashboard: open {url} (it stops when training ends)")
     del ckpt  # the optimizer and model hold their own copies now
 
     raw_model = model
@@ -137,7 +148,7 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     losses: dict[str, float] = {}
     step_time, steps_timed, ema_dt, running_mfu = 0.0, 0, None, -1.0
     stop = StopFlag(env)
-    with stop, contextlib.closing(metrics):  # the sinks are closed on every way out, errors included
+    with stop, cleanup:
         while True:
             lr = get_lr(iter_num, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr, cfg.decay_lr)
             for group in optimizer.param_groups:
@@ -156,6 +167,8 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
             if sampler and ((iter_num > 0 and iter_num % cfg.sample_interval == 0) or last) and not stop.requested:
                 metrics.log_samples(iter_num, sampler.text, sampler.sample(raw_model, ctx))
             if last or cfg.eval_only:
+                if last and not cfg.eval_only:
+                    metrics.log(iter_num, "end", reason="max_iters reached")  # the dashboard reads: finished
                 break
             if stop.requested:
                 if not saved:
