@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("GPTFORGE_SHARED", ROOT.parent / "shared")).resolve() / "data"
 TIKTOKEN_CACHE = SHARED / "tiktoken-cache"
 SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
+HELLASWAG_VAL = SHARED / "hellaswag" / "hellaswag_val.jsonl"
 
 if TIKTOKEN_CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
@@ -52,6 +53,12 @@ def shakespeare_path() -> Path:
 @pytest.fixture
 def tiktoken_cache() -> Path:
     return need_shared(TIKTOKEN_CACHE)
+
+
+@pytest.fixture
+def hellaswag_path() -> Path:
+    """HellaSwag's validation set (10,042 examples), as the official hellaswag_val.jsonl."""
+    return need_shared(HELLASWAG_VAL)
 
 
 # A small corpus with enough repetition that a tiny model visibly learns within ~50 steps.

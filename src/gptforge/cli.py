@@ -1,8 +1,9 @@
-"""The `gptforge` command: prepare data, train, sample, watch runs in a dashboard.
+"""The `gptforge` command: prepare data, train, sample, evaluate, benchmark, watch runs in a dashboard.
 
     gptforge prepare shakespeare_char --input ../shared/data/tinyshakespeare/input.txt
     gptforge train config/train_shakespeare_char_cpu.py
     gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3
+    gptforge eval hellaswag --out_dir=out --limit=200
     gptforge dashboard out-shakespeare-char
 
 Each subcommand imports its module only when it runs, so `gptforge --help` is instant. Exit codes: 0 success,
@@ -73,6 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 lets other machines read your runs")
     p.add_argument("--port", type=int, default=8765, help="port to listen on; 0 picks a free one")
+    p = sub.add_parser("eval", help="evaluate a trained run (hellaswag)", formatter_class=fmt,
+                       description="Evaluate <out_dir>/ckpt.pt on a benchmark; the result goes to stdout.")
+    tasks = p.add_subparsers(dest="task", required=True)
+    t = tasks.add_parser("hellaswag", help="HellaSwag validation accuracy (acc, acc_norm)", formatter_class=fmt,
+                         description="Score <out_dir>/ckpt.pt on HellaSwag's validation set, completion style; "
+                         "prints one line: examples, acc and acc_norm. Works under torchrun (sharded).")
+    t.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt (a GPT-2 BPE run)")
+    t.add_argument("--hellaswag_path", default=None,
+                   help="local hellaswag_val.jsonl; None = download it once into $GPTFORGE_CACHE_DIR/hellaswag "
+                   "(~/.cache/gptforge/hellaswag)")
+    t.add_argument("--limit", type=int, default=None, help="score only the first N examples; None = all 10,042")
+    t.add_argument("--batch_size", type=int, default=4, help="examples per forward pass (4 sequences each)")
+    t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
+    t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
     return parser
 
 
@@ -102,6 +118,8 @@ def run(argv: Sequence[str]) -> int:
         from gptforge.dashboard.server import serve
 
         serve(args.folders, host=args.host, port=args.port)
+    elif args.command == "eval":
+        run_eval_hellaswag(args)
     return 0
 
 
@@ -163,6 +181,40 @@ def run_bench(args: list[str]) -> int:
 
     bench(load_config(rest), as_json=opts.pop("json"), **opts)
     return 0
+def run_eval_hellaswag(args: argparse.Namespace) -> None:
+    """`gptforge eval hellaswag`: one process, or one per device under torchrun (rank 0 prints the result)."""
+    for key in ("limit", "batch_size"):
+        if getattr(args, key) is not None and getattr(args, key) <= 0:
+            raise UserError(f"--{key} must be a positive integer, got {getattr(args, key)}")
+    import torch.distributed as dist
+
+    from gptforge.distributed import autocast_context, resolve_dtype, setup_distributed, teardown
+    from gptforge.evaluate import hellaswag
+    from gptforge.sample import load_run
+
+    env = setup_distributed(args.device, "auto")
+    try:
+        dtype = resolve_dtype(args.dtype, env.device_type)
+        model, tokenizer = load_run(args.out_dir, env.device)
+        hellaswag.check_tokenizer(tokenizer)
+        if env.ddp and not env.is_main:
+            dist.barrier()  # rank 0 downloads; the others then find the file in the cache
+        try:
+            path = hellaswag.hellaswag_file(args.hellaswag_path)
+        finally:
+            if env.ddp and env.is_main:
+                dist.barrier()
+        examples = hellaswag.load_examples(path, args.limit)
+        if env.is_main:
+            print(f"hellaswag: scoring {len(examples)} examples from {path} on {env.device} ({dtype}), "
+                  f"{env.world_size} process(es)", file=sys.stderr, flush=True)
+        result = hellaswag.evaluate_hellaswag(
+            model, tokenizer, examples, env.device, autocast_context(env.device_type, dtype),
+            batch_examples=args.batch_size, rank=env.rank, world_size=env.world_size)
+        if env.is_main:
+            print(hellaswag.format_result(result), flush=True)
+    finally:
+        teardown(env)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

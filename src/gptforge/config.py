@@ -84,6 +84,9 @@ class TrainConfig:
     num_samples: int = _f(4, "samples drawn at each sample_interval")
     sample_prompt: str = _f("Hello, I'm a language model,", "prompt of the samples drawn during training")
     sample_tokens: int = _f(32, "tokens generated per sample during training (top-k 50)")
+    hellaswag_interval: int = _f(0, "optimizer steps between HellaSwag evaluations (GPT-2 BPE runs); 0 = off")
+    hellaswag_limit: int = _f(0, "examples per HellaSwag evaluation during training; 0 = all 10,042")
+    hellaswag_path: str = _f("", "local hellaswag_val.jsonl; '' = download it once into ~/.cache/gptforge")
     tensorboard_log: bool = _f(False, "also write TensorBoard event files to out_dir/tensorboard")
     dashboard: bool = _f(False, "serve this run's live web dashboard on 127.0.0.1 (needs gptforge[dashboard])")
     dashboard_port: int = _f(8765, "port of the dashboard started by dashboard=True; 0 = any free port")
@@ -255,7 +258,8 @@ def validate(cfg: TrainConfig) -> None:
         if getattr(cfg, key) <= 0:
             raise UserError(f"--{key} must be a positive integer, got {getattr(cfg, key)}")
     for key in ["learning_rate", "min_lr", "weight_decay", "grad_clip", "max_iters", "warmup_iters",
-                "lr_decay_iters", "peak_flops", "total_batch_size", "sample_interval"]:
+                "lr_decay_iters", "peak_flops", "total_batch_size", "sample_interval", "hellaswag_interval",
+                "hellaswag_limit"]:
         if getattr(cfg, key) < 0:
             raise UserError(f"--{key} must not be negative, got {getattr(cfg, key)}")
     if cfg.n_embd % cfg.n_head:

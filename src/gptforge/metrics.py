@@ -111,6 +111,8 @@ def _txt_line(step: int, kind: str, values: dict[str, Any]) -> str | None:
         return f"{step} train {values['loss']:.6f}"
     if kind == "eval":
         return f"{step} val {values['val_loss']:.4f}"
+    if kind == "hellaswag":
+        return f"{step} hellaswag {values['acc_norm']:.4f}"
     return None
 
 
@@ -129,6 +131,8 @@ def _console_line(step: int, kind: str, v: dict[str, Any]) -> str:
         return ", ".join(parts)
     if kind == "eval":
         return f"step {step}: train loss {v['train_loss']:.4f}, val loss {v['val_loss']:.4f}"
+    if kind == "hellaswag":
+        return f"step {step}: hellaswag acc_norm {v['acc_norm']:.4f}, acc {v['acc']:.4f} ({v['n']} examples)"
     if kind == "end":
         return f"step {step}: done ({v.get('reason', '')})"
     return f"step {step}: {kind} " + ", ".join(f"{k} {val}" for k, val in v.items())

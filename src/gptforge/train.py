@@ -40,6 +40,7 @@ from gptforge.distributed import (
     teardown,
 )
 from gptforge.errors import UserError
+from gptforge.evaluate.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_file, load_examples
 from gptforge.evaluate.loss import estimate_loss
 from gptforge.metrics import Metrics
 from gptforge.model import GPT, MODEL_ARGS, GPTConfig
@@ -103,6 +104,10 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     metrics = Metrics(cfg.out_dir, enabled=env.is_main, resume_step=iter_num if ckpt else None, wandb=wandb,
                       tensorboard=cfg.tensorboard_log)
     sampler = Sampler(cfg, meta, env) if cfg.sample_interval > 0 and env.is_main else None
+    if cfg.hellaswag_interval > 0:  # checked and loaded up front: a mistake shows before any training
+        hs_tok = from_spec(tokenizer_spec(meta))
+        check_tokenizer(hs_tok)
+        hs_examples = load_examples(hellaswag_file(cfg.hellaswag_path or None), cfg.hellaswag_limit or None)
     cleanup = contextlib.ExitStack()  # what must close on every way out, errors included
     cleanup.enter_context(contextlib.closing(metrics))
     if cfg.dashboard and env.is_main:
@@ -164,6 +169,11 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
                 if (improved or cfg.always_save_checkpoint) and iter_num > 0 and not cfg.eval_only:
                     checkpoint("val loss improved" if improved else "always_save_checkpoint")
                     saved = True
+            if cfg.hellaswag_interval > 0 and (iter_num % cfg.hellaswag_interval == 0 or last) and not stop.requested:
+                # the uncompiled model: evaluation shapes vary, and compiling each of them would cost more
+                hs = evaluate_hellaswag(raw_model, hs_tok, hs_examples, env.device, ctx, rank=env.rank,
+                                        world_size=env.world_size, progress=env.is_main)
+                metrics.log(iter_num, "hellaswag", acc=hs["acc"], acc_norm=hs["acc_norm"], n=hs["n"])
             if sampler and ((iter_num > 0 and iter_num % cfg.sample_interval == 0) or last) and not stop.requested:
                 metrics.log_samples(iter_num, sampler.text, sampler.sample(raw_model, ctx))
             if last or cfg.eval_only:

@@ -1,1 +1,1 @@
-"""Evaluation: validation loss (loss.py), shared by training and `gptforge eval`."""
+"""Evaluation: validation loss (loss.py), shared by training and `gptforge eval`; HellaSwag (hellaswag.py)."""

@@ -1,0 +1,258 @@
+"""HellaSwag: pick the right ending of a sentence out of four, scored "completion style" as GPT-2 papers do.
+
+    gptforge eval hellaswag --out_dir=out --limit=200
+    # hellaswag: 200 examples, acc 0.2550 (51/200), acc_norm 0.2600 (52/200)
+
+Each example is a context and four endings. The model reads context + ending for all four; the ending it
+finds likeliest (lowest cross-entropy over the ending's tokens) is its answer. `acc` compares the summed
+loss, `acc_norm` the mean loss per token (which does not favour short endings). Chance is 0.25; GPT-2 124M
+reaches about 0.2955 acc_norm on the 10,042 validation examples, the figure build-nanogpt and llm.c report.
+
+The data is the official `hellaswag_val.jsonl` (one JSON object per line: `ctx`, `endings`, `label`), read
+from --hellaswag_path or downloaded once into `$GPTFORGE_CACHE_DIR/hellaswag/` (default `~/.cache/gptforge`).
+Under torchrun each rank scores every world_size-th example and the counts are summed over ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import urllib.request
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional as F
+
+from gptforge.errors import UserError
+from gptforge.tokenizer import Tokenizer
+
+HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+CACHE_ENV = "GPTFORGE_CACHE_DIR"
+NUM_ENDINGS = 4
+
+
+def default_cache_dir() -> str:
+    """Where the downloaded validation set lives: $GPTFORGE_CACHE_DIR/hellaswag, else ~/.cache/gptforge/hellaswag."""
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "gptforge")
+    return os.path.join(root, "hellaswag")
+
+
+def hellaswag_file(path: str | None = None, url: str = HELLASWAG_URL, cache_dir: str | None = None) -> str:
+    """The validation jsonl to read: `path` (--hellaswag_path) if given, else the cached copy, downloaded if absent."""
+    if path is not None:
+        if not os.path.isfile(path):
+            raise UserError(f"--hellaswag_path={path}: no such file; give the path of HellaSwag's hellaswag_val.jsonl "
+                            f"(from {url}), or leave the option out to download it")
+        return path
+    dest = os.path.join(cache_dir or default_cache_dir(), "hellaswag_val.jsonl")
+    if not os.path.isfile(dest):
+        download(url, dest)
+    return dest
+
+
+def download(url: str, dest: str) -> None:
+    """Fetch `url` into `dest` through a temporary file in the same folder, renamed into place when complete."""
+    folder = os.path.dirname(os.path.abspath(dest))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the cache folder {folder} ({e.strerror}); set {CACHE_ENV} to a writable "
+                        "folder or pass --hellaswag_path=PATH") from None
+    tmp = os.path.join(folder, f".{os.path.basename(dest)}.{os.getpid()}.tmp")
+    print(f"downloading HellaSwag from {url} to {dest}", file=sys.stderr, flush=True)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as fh:
+            while chunk := response.read(1 << 20):
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+    except (OSError, ValueError) as e:  # URLError, HTTPError, timeouts and disk errors are all OSErrors
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
+        raise UserError(f"could not download HellaSwag from {url} ({reason}). Offline? Get hellaswag_val.jsonl "
+                        f"another way and pass --hellaswag_path=PATH (or place it at {dest})") from None
+
+
+def load_examples(path: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The first `limit` examples (all when None) of a HellaSwag jsonl, each checked for ctx, endings, label."""
+    examples: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if limit is not None and len(examples) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                ex = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}, line {lineno}: not JSON ({e.msg}); --hellaswag_path must be HellaSwag's "
+                                "jsonl (one example per line)") from None
+            ok = (isinstance(ex, dict) and isinstance(ex.get("ctx"), str) and isinstance(ex.get("endings"), list)
+                  and len(ex["endings"]) == NUM_ENDINGS and all(isinstance(s, str) for s in ex["endings"])
+                  and ex.get("label") in range(NUM_ENDINGS))
+            if not ok:
+                raise UserError(f"{path}, line {lineno}: not a HellaSwag example (needs 'ctx', 4 'endings' and "
+                                "'label' 0-3); --hellaswag_path must be hellaswag_val.jsonl")
+            examples.append(ex)
+    if not examples:
+        raise UserError(f"{path} holds no examples; --hellaswag_path must be HellaSwag's hellaswag_val.jsonl")
+    return examples
+
+
+def check_tokenizer(tokenizer: Tokenizer) -> None:
+    """HellaSwag's text needs GPT-2's BPE: a character vocabulary cannot encode it (nor was the model built for it)."""
+    if getattr(tokenizer, "kind", None) != "gpt2":
+        raise UserError(f"HellaSwag needs a model trained with GPT-2's BPE tokenizer; this run uses "
+                        f"{getattr(tokenizer, 'kind', type(tokenizer).__name__)!r}. Train on a GPT-2 BPE dataset "
+                        "(e.g. `gptforge prepare shakespeare`) and pass that run's --out_dir")
+
+
+def render_example(
+    example: dict[str, Any], tokenizer: Tokenizer, block_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One example -> (tokens (4, L), mask (4, L), label): row i is context + ending i, right-padded with 0.
+
+    Each ending is encoded as " " + ending (it continues the context's last word). mask is 1 on the ending's
+    tokens only. With `block_size`, a row longer than it is cropped from the left (its last block_size tokens
+    are kept, the mask cropped alike): the model never sees the start of a long context, but still scores every
+    token of an ending shorter than block_size (an ending's first kept token has no position before it).
+    """
+    ctx = tokenizer.encode(example["ctx"])
+    rows, masks = [], []
+    for ending in example["endings"]:
+        end = tokenizer.encode(" " + ending)
+        row, mask = ctx + end, [0] * len(ctx) + [1] * len(end)
+        if block_size is not None and len(row) > block_size:
+            row, mask = row[-block_size:], mask[-block_size:]
+        rows.append(row)
+        masks.append(mask)
+    L = max(len(r) for r in rows)
+    tokens = torch.zeros((NUM_ENDINGS, L), dtype=torch.long)
+    mask = torch.zeros((NUM_ENDINGS, L), dtype=torch.long)
+    for i, (r, m) in enumerate(zip(rows, masks, strict=True)):
+        tokens[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(m)] = torch.tensor(m)
+    return tokens, mask, int(example["label"])
+
+
+def _raw_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPT inside DDP (`.module`) and torch.compile (`._orig_mod`) wrappers, for its config."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+Rendered = tuple[torch.Tensor, torch.Tensor, int]  # render_example's (tokens (4, L), mask (4, L), label)
+
+
+def ending_losses(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    examples: list[dict[str, Any]],
+    device: str,
+    ctx: contextlib.AbstractContextManager | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score the examples in one forward pass -> (sum_loss, mean_loss), each (N, 4) float32 on the CPU.
+
+    sum_loss[n, i] is the cross-entropy summed over ending i's tokens, each predicted from the position before
+    it; mean_loss divides it by the number of those tokens. Rows longer than the model's block_size are
+    cropped from the left (see render_example).
+    """
+    block_size = _raw_model(model).config.block_size
+    return score_rendered(model, [render_example(ex, tokenizer, block_size) for ex in examples], device, ctx)
+
+
+@torch.no_grad()
+def score_rendered(
+    model: torch.nn.Module,
+    rendered: list[Rendered],
+    device: str,
+    ctx: contextlib.AbstractContextManager | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ending_losses for examples already rendered (and cropped to the model's block_size)."""
+    L = max(t.size(1) for t, _, _ in rendered)
+    # Right padding: a causal model's outputs at earlier positions do not depend on what follows them.
+    tokens = torch.cat([F.pad(t, (0, L - t.size(1))) for t, _, _ in rendered]).to(device)  # (R, L), R = N*4
+    mask = torch.cat([F.pad(m, (0, L - m.size(1))) for _, m, _ in rendered]).to(device)  # (R, L)
+    with ctx or contextlib.nullcontext():
+        # With targets the model returns every position's logits; the loss it computes on them goes unused.
+        logits, _ = model(tokens, torch.zeros_like(tokens))  # (R, L, V)
+    # Position t predicts token t+1, so the mask moves one step left with the targets.
+    targets, scored = tokens[:, 1:], mask[:, 1:].bool()  # (R, L-1)
+    picked = logits[:, :-1, :][scored].float()  # (M, V): only the M ending positions, not the (R, L-1, V) block
+    losses = torch.zeros(targets.shape, device=logits.device)  # (R, L-1)
+    losses[scored] = F.cross_entropy(picked, targets[scored], reduction="none")
+    sum_loss = losses.sum(dim=1)  # (R,)
+    mean_loss = sum_loss / scored.sum(dim=1)  # (R,): a cropped ending still keeps >= 1 predicted token
+    return sum_loss.view(-1, NUM_ENDINGS).cpu(), mean_loss.view(-1, NUM_ENDINGS).cpu()
+
+
+def evaluate_hellaswag(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    examples: list[dict[str, Any]],
+    device: str,
+    ctx: contextlib.AbstractContextManager | None = None,
+    batch_examples: int = 4,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """acc and acc_norm over `examples` -> {n, correct, correct_norm, acc, acc_norm}, the same on every rank.
+
+    Rank r scores examples r, r + world_size, ...; when a process group is initialized the counts are summed
+    over all ranks (every rank must call this). `batch_examples` examples (4 rows each) go through one forward
+    pass, grouped by length so that little is padding; the logits take batch_examples * 4 * L * vocab floats,
+    so keep it small on a CPU.
+    """
+    check_tokenizer(tokenizer)
+    assert batch_examples > 0 and 0 <= rank < world_size, "batch_examples > 0 and 0 <= rank < world_size"
+    block_size = _raw_model(model).config.block_size
+    assert block_size >= 2, "a model needs block_size >= 2 to predict any ending token"
+    rendered = [render_example(ex, tokenizer, block_size) for ex in examples[rank::world_size]]
+    rendered.sort(key=lambda r: r[0].size(1))  # the counts do not depend on the order
+    was_training = model.training
+    model.eval()
+    counts = torch.zeros(3, dtype=torch.long)  # n, correct, correct_norm
+    desc = "hellaswag" if world_size == 1 else f"hellaswag (rank 0's share of {world_size})"
+    bar = _progress_bar(len(rendered), desc, enabled=progress and rank == 0)
+    try:
+        for start in range(0, len(rendered), batch_examples):
+            batch = rendered[start : start + batch_examples]
+            sum_loss, mean_loss = score_rendered(model, batch, device, ctx)
+            labels = torch.tensor([label for _, _, label in batch])
+            counts += torch.stack([torch.tensor(len(batch)), (sum_loss.argmin(1) == labels).sum(),
+                                   (mean_loss.argmin(1) == labels).sum()])
+            if bar is not None:
+                bar.update(len(batch))
+                bar.set_postfix(acc_norm=f"{counts[2].item() / counts[0].item():.4f}", refresh=False)
+    finally:
+        if bar is not None:
+            bar.close()
+        model.train(was_training)
+    if dist.is_available() and dist.is_initialized():
+        counts = counts.to(device)  # NCCL reduces CUDA tensors only
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    n, correct, correct_norm = (int(c) for c in counts.tolist())
+    return {"n": n, "correct": correct, "correct_norm": correct_norm,
+            "acc": correct / n if n else float("nan"), "acc_norm": correct_norm / n if n else float("nan")}
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The one-line summary the CLI prints."""
+    n = result["n"]
+    return (f"hellaswag: {n} examples, acc {result['acc']:.4f} ({result['correct']}/{n}), "
+            f"acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{n})")
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ex", file=sys.stderr, dynamic_ncols=True)
