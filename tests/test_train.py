@@ -156,6 +156,20 @@ def test_eval_only_evaluates_once_and_writes_no_checkpoint(char_data, tmp_path):
     assert (out / "ckpt.pt").read_bytes() == before
 
 
+def test_default_fast_path_tracks_float32_over_50_steps(char_data, tmp_path):
+    """dtype='auto' (bf16 on AMX CPUs for wide models, float32 elsewhere) and explicit bf16 follow the float32
+    loss curve over 50 steps: the fast path changes speed, not what is learned."""
+    common = dict(max_iters=50, lr_decay_iters=50, eval_interval=50, n_embd=64, n_head=2)
+    ref = run(char_data, tmp_path / "fp32", dtype="float32", **common)
+    ref_losses = [r["loss"] for r in records(tmp_path / "fp32", "train")]
+    for dtype in ("auto", "bfloat16"):
+        got = run(char_data, tmp_path / dtype, dtype=dtype, **common)
+        losses = [r["loss"] for r in records(tmp_path / dtype, "train")]
+        assert max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)) < 0.05, dtype
+        assert got["losses"]["val"] == pytest.approx(ref["losses"]["val"], abs=0.02), dtype
+        assert ref_losses[-1] < ref_losses[0] - 0.5  # and the curve being tracked does fall
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_reduced_precision_on_cpu(char_data, tmp_path, dtype):
     result = run(char_data, tmp_path / dtype, dtype=dtype, max_iters=10)
