@@ -40,6 +40,12 @@ def test_prepare_train_sample_end_to_end(tmp_path, shakespeare_path):
     again = run_cli("sample", "--out_dir", out, "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=60",
                     "--device=cpu", cwd=tmp_path)
     assert again.stdout == r.stdout  # same seed, same samples
+    uncached = run_cli("sample", "--out_dir", out, "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=60",
+                       "--device=cpu", "--no_cache", cwd=tmp_path)
+    assert uncached.stdout == r.stdout  # the KV cache changes the speed, not the text
+    one = run_cli("sample", "--out_dir", out, "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=60",
+                  "--device=cpu", cwd=tmp_path)
+    assert r.stdout.startswith(one.stdout)  # sample i does not depend on how many are drawn
 
 
 def test_sample_start_from_file_and_gpt2_bpe_run(tmp_path, shakespeare_path, tiktoken_cache):

@@ -135,7 +135,7 @@ def test_unknown_key_in_file_names_file_and_line(tmp_path):
     ("--eval_iters=0", r"--eval_iters must be a positive integer, got 0"),
     ("--learning_rate=-1", r"--learning_rate must not be negative"),
     ("--dropout=1.0", r"--dropout must be in \[0, 1\)"),
-    ("--init_from=gpt3", r"--init_from must be 'scratch' or 'resume'"),
+    ("--init_from=gpt3", r"--init_from must be 'scratch', 'resume', one of gpt2, gpt2-medium"),
 ])
 def test_bad_values_name_key_value_and_type(arg, message):
     with pytest.raises(UserError, match=message):

@@ -182,3 +182,61 @@ def test_estimate_mfu_matches_flop_formula():
     assert model.flops_per_token() == per_token
     # 10 sequences of 16 tokens in 0.5 s against a 1 GFLOP/s peak
     assert model.estimate_mfu(10, 0.5, 1e9) == pytest.approx(per_token * 16 * 10 / 0.5 / 1e9)
+
+
+@pytest.mark.parametrize("prompt_len, new", [(3, 10), (5, 30), (16, 5), (20, 4)])  # 30 > block_size 16
+def test_cached_and_uncached_generation_give_identical_tokens(prompt_len, new):
+    model = tiny().eval()
+    idx = torch.randint(0, 37, (3, prompt_len))
+    greedy = [model.generate(idx, new, temperature=0, use_cache=c) for c in (True, False)]
+    assert torch.equal(greedy[0], greedy[1])
+    seeded = [model.generate(idx, new, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(5),
+                             use_cache=c) for c in (True, False)]
+    assert torch.equal(seeded[0], seeded[1])
+    assert seeded[0].shape == (3, prompt_len + new)
+
+
+def test_kv_cache_steps_match_the_full_forward():
+    from gptforge.model import KVCache
+
+    model = tiny().eval()
+    idx = torch.randint(0, 37, (2, 12))
+    full, _ = model(idx, idx)  # (B, T, V) for every position
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    logits, _ = model(idx[:, :7], cache=cache)  # prefill 7 tokens
+    torch.testing.assert_close(logits[:, -1], full[:, 6], rtol=0, atol=1e-5)
+    for t in range(7, 12):  # then one token at a time
+        logits, _ = model(idx[:, t : t + 1], cache=cache)
+        torch.testing.assert_close(logits[:, -1], full[:, t], rtol=0, atol=1e-5)
+    assert cache.length == 12
+
+
+def test_top_p_and_stop_token():
+    from gptforge.model import sample_next
+
+    logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]])  # probabilities ~0.72, 0.26, 0.013, 0.005
+    g = torch.Generator().manual_seed(0)
+    draws = {sample_next(logits, 1.0, top_p=0.5, generator=g).item() for _ in range(200)}
+    assert draws == {0}  # the likeliest token alone holds more than p
+    draws = {sample_next(logits, 1.0, top_p=0.95, generator=g).item() for _ in range(500)}
+    assert draws == {0, 1}  # 0.72 + 0.26 > 0.95: the tail is cut
+    draws = {sample_next(logits, 1.0, generator=g).item() for _ in range(3000)}
+    assert draws == {0, 1, 2, 3}
+
+    model = tiny().eval()
+    idx = torch.randint(0, 37, (2, 3))
+    first = model.generate(idx, 1, temperature=0)[:, -1]  # each row's greedy next token
+    out = model.generate(idx, 20, temperature=0, stop_token=int(first[0]))
+    assert out[0, 3].item() == first[0].item()  # row 0 stops at once ...
+    assert (out[0, 3:] == first[0]).all()  # ... and is padded with the stop token
+    alone = model.generate(idx[:1], 20, temperature=0, stop_token=int(first[0]))
+    assert alone.shape == (1, 4)  # every row has stopped: generation ends early
+
+
+def test_generation_leaves_the_global_rng_alone():
+    model = tiny().eval()
+    torch.manual_seed(9)
+    expected = torch.rand(3)
+    torch.manual_seed(9)
+    model.generate(torch.zeros(1, 2, dtype=torch.long), 5, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(torch.rand(3), expected)

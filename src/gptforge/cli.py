@@ -56,12 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sample", help="sample text from a trained run", formatter_class=fmt,
                        description="Print samples from <out_dir>/ckpt.pt to stdout, each followed by a line of dashes.")
     p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt")
+    p.add_argument("--init_from", default="resume",
+                   help="'resume' (the run in --out_dir), a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a "
+                   "local Hugging Face GPT-2 folder")
     p.add_argument("--start", default="\n",
                    help="prompt text, or FILE:path to read it from a file (default: a newline)")
     p.add_argument("--num_samples", type=int, default=10, help="samples to draw")
     p.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample")
     p.add_argument("--temperature", type=float, default=0.8, help="< 1 sharper, > 1 more random, 0 greedy")
     p.add_argument("--top_k", type=int, default=200, help="sample from the k likeliest tokens only (0 = all)")
+    p.add_argument("--top_p", type=float, default=1.0,
+                   help="sample from the smallest set of tokens holding this much probability (1 = off)")
+    p.add_argument("--stop_token", type=int, default=-1,
+                   help="end a sample when this token id is produced (GPT-2's <|endoftext|> is 50256; -1 = never)")
+    p.add_argument("--no_cache", dest="use_cache", action="store_false",
+                   help="recompute the whole context at every token instead of using the KV cache")
     p.add_argument("--seed", type=int, default=1337, help="random seed: the same seed gives the same samples")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],

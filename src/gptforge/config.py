@@ -37,7 +37,8 @@ class TrainConfig:
     eval_iters: int = _f(200, "batches per split averaged by each evaluation; more = less noisy, slower")
     eval_only: bool = _f(False, "evaluate once and exit (with init_from='resume' or a pretrained model)")
     always_save_checkpoint: bool = _f(True, "checkpoint at every evaluation, not only when val loss improves")
-    init_from: str = _f("scratch", "'scratch' (new model) or 'resume' (continue from out_dir/ckpt.pt)")
+    init_from: str = _f("scratch", "'scratch' (new model), 'resume' (out_dir/ckpt.pt), a GPT-2 name ('gpt2', "
+                        "'gpt2-medium', 'gpt2-large', 'gpt2-xl') or a Hugging Face GPT-2 folder")
     # --- wandb ---------------------------------------------------------------------------------------------
     wandb_log: bool = _f(False, "log metrics to Weights & Biases (pip install 'gptforge[wandb]')")
     wandb_project: str = _f("owt", "wandb project name")
@@ -96,6 +97,7 @@ class TrainConfig:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 _CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -269,8 +271,11 @@ def validate(cfg: TrainConfig) -> None:
     for key in ("beta1", "beta2"):
         if not 0.0 <= getattr(cfg, key) < 1.0:
             raise UserError(f"--{key} must be in [0, 1), got {getattr(cfg, key)}")
-    if cfg.init_from not in ("scratch", "resume"):
-        raise UserError(f"--init_from must be 'scratch' or 'resume', got {cfg.init_from!r}")
+    if cfg.init_from not in ("scratch", "resume", *GPT2_NAMES) and not os.path.isdir(cfg.init_from):
+        raise UserError(
+            f"--init_from must be 'scratch', 'resume', one of {', '.join(GPT2_NAMES)}, or a folder holding a Hugging "
+            f"Face GPT-2 checkpoint (config.json + model.safetensors); got {cfg.init_from!r}"
+        )
     if not cfg.out_dir:
         raise UserError("--out_dir must not be empty")
 

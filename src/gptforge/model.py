@@ -33,6 +33,30 @@ class GPTConfig:
 MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
 
 
+class KVCache:
+    """Keys and values of the tokens seen so far, per layer, so generation feeds one new token per step.
+
+    Filled by a prefill (the whole prompt, causal) and then one token at a time; `length` tokens are held.
+    Allocated on first use in the dtype the attention produces (float32, or bf16 / fp16 under autocast).
+    """
+
+    def __init__(self, n_layer: int, max_len: int):
+        self.n_layer, self.max_len, self.length = n_layer, max_len, 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, nh, T, hs) after the cached ones; return all keys and values (B, nh, length + T, hs)."""
+        B, nh, T, hs = k.shape
+        if len(self.k) <= layer:
+            self.k.append(k.new_empty(B, nh, self.max_len, hs))
+            self.v.append(v.new_empty(B, nh, self.max_len, hs))
+        assert self.length + T <= self.max_len, "KV cache overflow: generate() re-prefills before this happens"
+        self.k[layer][:, :, self.length : self.length + T] = k
+        self.v[layer][:, :, self.length : self.length + T] = v
+        return self.k[layer][:, :, : self.length + T], self.v[layer][:, :, : self.length + T]
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -44,16 +68,23 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
         hs = C // self.n_head
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        causal = True
+        if cache is not None:
+            # A prefill (empty cache) is causal over the prompt; after it, one new token attends to every
+            # cached one, all in its past, so no mask is needed.
+            assert cache.length == 0 or T == 1, "after the prefill, feed one token at a time"
+            causal = cache.length == 0
+            k, v = cache.update(layer, k, v)  # (B, nh, length + T, hs)
         # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future.
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=causal and T > 1
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
         return self.resid_dropout(self.c_proj(y))
@@ -81,8 +112,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -127,16 +158,22 @@ class GPT(nn.Module):
         return n
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> (logits, loss). Without targets only the last position's logits (B, 1, V)."""
+        """idx (B, T) token ids -> (logits, loss). Without targets only the last position's logits (B, 1, V).
+
+        With a KVCache, idx continues the cached tokens (positions start at cache.length) and the cache grows.
+        """
         B, T = idx.size()
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
-        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
+        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += T
         x = self.transformer.ln_f(x)  # (B, T, C)
         if targets is None:
             # Generation needs only the next-token distribution: skip the (B, T, V) projection.
@@ -173,21 +210,82 @@ class GPT(nn.Module):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int | None = None,
+        top_p: float | None = None,
+        stop_token: int | None = None,
         generator: torch.Generator | None = None,
+        use_cache: bool = True,
     ) -> torch.Tensor:
-        """Append max_new_tokens sampled tokens to idx (B, T). temperature 0 = greedy; top_k keeps the k likeliest."""
+        """Append up to max_new_tokens sampled tokens to idx (B, T); returns (B, T + n).
+
+        temperature 0 = greedy; top_k keeps the k likeliest tokens, top_p the smallest set holding p of the
+        probability; generation ends early once every row has produced stop_token (finished rows are padded
+        with it). Draws use `generator` when given, so the global RNG is untouched.
+        """
+        pieces = [idx]
+        for token in self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, stop_token, generator,
+                                          use_cache):
+            pieces.append(token)
+        return torch.cat(pieces, dim=1)
+
+    @torch.no_grad()
+    def generate_stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop_token: int | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ):
+        """Yield each new token (B, 1) as it is sampled; see generate().
+
+        With the cache the prompt is run once (prefill), then one token per step. The context is cropped
+        to the last block_size tokens when it grows past them, as without the cache: from then on each step
+        re-runs the whole window, since every position shifts.
+        """
+        block_size = self.config.block_size
+        cache, seq = None, idx
+        done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
-            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size :]
-            logits, _ = self(idx_cond)
-            logits = logits[:, -1, :].float()  # (B, V)
-            if temperature <= 0:
-                idx_next = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+            if not use_cache:
+                logits, _ = self(seq[:, -block_size:])
+            elif cache is not None and cache.length < block_size:
+                logits, _ = self(seq[:, -1:], cache=cache)  # one new token against the cached ones
             else:
-                logits = logits / temperature
-                if top_k is not None and top_k < logits.size(-1):
-                    kth = torch.topk(logits, top_k).values[:, [-1]]  # (B, 1): the k-th largest logit
-                    logits = logits.masked_fill(logits < kth, -float("inf"))
-                probs = F.softmax(logits, dim=-1)
-                idx_next = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
-            idx = torch.cat((idx, idx_next), dim=1)
-        return idx
+                cache = KVCache(self.config.n_layer, block_size)
+                logits, _ = self(seq[:, -block_size:], cache=cache)  # (re-)prefill the window
+            token = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)  # (B, 1)
+            if stop_token is not None:
+                token = token.masked_fill(done.unsqueeze(1), stop_token)
+                done |= token.squeeze(1) == stop_token
+            seq = torch.cat((seq, token), dim=1)
+            yield token
+            if stop_token is not None and bool(done.all()):
+                return
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per row from logits (B, V): greedy at temperature 0, else softmax sampling after top-k / top-p."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k).values[:, [-1]]  # (B, 1): the k-th largest logit
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)  # (B, V)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token when the tokens before it already hold top_p: the likeliest one always stays
+        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = drop_sorted.scatter(1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, -float("inf"))
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)

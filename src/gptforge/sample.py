@@ -28,14 +28,18 @@ SEPARATOR = "---------------"
 @dataclass
 class SampleArgs:
     out_dir: str = "out"
+    init_from: str = "resume"  # 'resume' (out_dir/ckpt.pt), a GPT-2 name ('gpt2', ...) or a Hugging Face folder
     start: str = "\n"
     num_samples: int = 10
     max_new_tokens: int = 500
     temperature: float = 0.8
     top_k: int = 200
+    top_p: float = 1.0
+    stop_token: int = -1
     seed: int = 1337
     device: str = "auto"
     dtype: str = "auto"
+    use_cache: bool = True
 
 
 def load_run(out_dir: str, device: str) -> tuple[GPT, Tokenizer]:
@@ -74,31 +78,61 @@ def read_start(start: str) -> str:
         raise UserError(f"--start=FILE:{path}: cannot read it ({e.strerror})") from None
 
 
-def sample(args: SampleArgs) -> list[str]:
-    """Generate args.num_samples continuations of args.start; prints them and returns them."""
+def load_model(args: SampleArgs, device: str) -> tuple[GPT, Tokenizer]:
+    if args.init_from == "resume":
+        return load_run(args.out_dir, device)
+    from gptforge.pretrained import load_pretrained
+
+    model, _ = load_pretrained(args.init_from)
+    return model.eval().to(device), from_spec({"tokenizer": "gpt2"})
+
+
+def sample(args: SampleArgs, out=None) -> list[str]:
+    """Generate args.num_samples continuations of args.start, streaming each to `out` (stdout) as it grows.
+
+    Samples are drawn one after another, each from its own generator seeded args.seed + i, so sample i is the
+    same whatever num_samples is. Returns the texts.
+    """
+    out = out or sys.stdout
     for key in ("num_samples", "max_new_tokens"):
         if getattr(args, key) <= 0:
             raise UserError(f"--{key} must be a positive integer, got {getattr(args, key)}")
     if args.temperature < 0 or args.top_k < 0:
         raise UserError("--temperature and --top_k must not be negative (temperature 0 = greedy, top_k 0 = all)")
+    if not 0.0 < args.top_p <= 1.0:
+        raise UserError(f"--top_p must be in (0, 1], got {args.top_p} (1 = off)")
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device.split(":")[0])
-    model, tok = load_run(args.out_dir, device)
-    prompt = tok.encode(read_start(args.start))
+    model, tok = load_model(args, device)
+    start = read_start(args.start)
+    prompt = tok.encode(start)
     if not prompt:
         if tok.eot_token is None:
             raise UserError("--start is empty; give a prompt (a char-level model has no end-of-text token)")
         prompt = [tok.eot_token]
-    torch.manual_seed(args.seed)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    idx = torch.tensor([prompt] * args.num_samples, dtype=torch.long, device=device)  # (num_samples, T)
-    print(f"generating {args.num_samples} sample(s) of {args.max_new_tokens} tokens on {device} ({dtype})",
-          file=sys.stderr, flush=True)
-    with autocast_context(device.split(":")[0], dtype):
-        out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
-                             generator=generator)
-    texts = [tok.decode(row.tolist()) for row in out]
-    for text in texts:
-        print(text)
-        print(SEPARATOR, flush=True)
+    if args.stop_token >= model.config.vocab_size:
+        raise UserError(f"--stop_token={args.stop_token} is not below the model's vocab_size {model.config.vocab_size}")
+    print(f"generating {args.num_samples} sample(s) of up to {args.max_new_tokens} tokens on {device} ({dtype}"
+          f"{', KV cache' if args.use_cache else ''})", file=sys.stderr, flush=True)
+    texts = []
+    for i in range(args.num_samples):
+        generator = torch.Generator(device=device).manual_seed(args.seed + i)
+        idx = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
+        ids, shown = list(prompt), start if tok.decode(prompt) == start else tok.decode(prompt)
+        out.write(shown)
+        with autocast_context(device.split(":")[0], dtype):
+            for token in model.generate_stream(idx, args.max_new_tokens, temperature=args.temperature,
+                                               top_k=args.top_k or None, top_p=args.top_p, generator=generator,
+                                               stop_token=args.stop_token if args.stop_token >= 0 else None,
+                                               use_cache=args.use_cache):
+                ids.append(int(token))
+                text = tok.decode(ids)
+                if not text.endswith("\ufffd"):  # hold back a multi-byte character until it is whole
+                    out.write(text[len(shown):])
+                    out.flush()
+                    shown = text
+        text = tok.decode(ids)
+        out.write(text[len(shown):] + "\n" + SEPARATOR + "\n")
+        out.flush()
+        texts.append(text)
     return texts

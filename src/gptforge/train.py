@@ -250,6 +250,8 @@ class Sampler:
 
 def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | None, ckpt_path: str):
     """A new model sized from the config and the dataset's vocabulary, or the checkpoint's model on resume."""
+    if cfg.init_from not in ("scratch", "resume"):
+        return pretrained_model(cfg, meta)
     if ckpt is None:
         vocab = meta["vocab_size"]
         if meta["tokenizer"] == "gpt2":
@@ -270,6 +272,23 @@ def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | N
     if ckpt is not None:
         load_model_state(model, ckpt["model"], ckpt_path)
     return model, model_args
+
+
+def pretrained_model(cfg: TrainConfig, meta: dict[str, Any]):
+    """GPT-2's weights (a hub name or a local Hugging Face folder) to fine-tune; block_size cropped if smaller."""
+    from gptforge.pretrained import load_pretrained
+
+    if meta["tokenizer"] != "gpt2":
+        raise UserError(
+            f"--init_from={cfg.init_from} starts from GPT-2, which reads GPT-2 BPE tokens, but dataset {cfg.dataset!r} "
+            f"is {meta['tokenizer']}-level: prepare it with GPT-2 BPE (`gptforge prepare shakespeare`, or "
+            "`gptforge prepare text FILE --tokenizer gpt2`)"
+        )
+    model, model_args = load_pretrained(cfg.init_from, dropout=cfg.dropout, block_size=cfg.block_size)
+    for key in MODEL_ARGS:  # the pretrained shape wins; record it so config.json tells the truth
+        if key != "vocab_size":
+            setattr(cfg, key, model_args[key])
+    return model, {k: model_args[k] for k in MODEL_ARGS}
 
 
 def tokenizer_spec(meta: dict[str, Any]) -> dict[str, Any]:
