@@ -27,7 +27,9 @@ def test_bench_json_contract_and_consistent_figures(tmp_path):
     assert out["speedup"] == pytest.approx(out["default"]["tokens_per_s"] / out["baseline"]["tokens_per_s"])
     peaks = out["device"]["matmul_ceiling_flops"]
     assert out["device"]["peak_flops"] == max(peaks.values()) and peaks["float32"] > 1e9
-    assert out["generation"]["tokens_per_s"] > 0
+    g = out["generation"]
+    assert g["cached"]["tokens_per_s"] > 0 and g["uncached"]["tokens_per_s"] > 0
+    assert g["cache_speedup"] == pytest.approx(g["cached"]["tokens_per_s"] / g["uncached"]["tokens_per_s"])
     assert out["tokenizers"]["char"]["tokens_per_s"] > 0 and out["tokenizers"]["gpt2"]["tokens"] > 0
     assert "round 2/2 baseline" in r.stderr  # progress goes to stderr
 

@@ -164,19 +164,26 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
     return out
 
 
-def bench_generation(cfg: TrainConfig, new_tokens: int = 200, batch: int = 1) -> dict[str, Any]:
-    """Tokens/s of sampling `new_tokens` from the config's model (random weights: speed does not depend on them)."""
+def bench_generation(cfg: TrainConfig, new_tokens: int = 500, batch: int = 1) -> dict[str, Any]:
+    """Tokens/s of sampling `new_tokens` from the config's model, with and without the KV cache.
+
+    Random weights: speed does not depend on them. Greedy decoding, so both runs produce the same tokens.
+    """
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     model = GPT(GPTConfig(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
                           bias=cfg.bias, vocab_size=_dataset_vocab(cfg))).to(device).eval()
     idx = torch.zeros((batch, 1), dtype=torch.long, device=device)
-    model.generate(idx, 4)  # warm-up
-    t0 = time.perf_counter()
-    model.generate(idx, new_tokens, top_k=200, generator=torch.Generator(device=device).manual_seed(0))
-    dt = time.perf_counter() - t0
-    return {"new_tokens": new_tokens, "batch": batch, "seconds": dt, "tokens_per_s": batch * new_tokens / dt,
-            "kv_cache": False}
+    out: dict[str, Any] = {"new_tokens": new_tokens, "batch": batch}
+    for name, use_cache in (("cached", True), ("uncached", False)):
+        model.generate(idx, 4, temperature=0, use_cache=use_cache)  # warm-up
+        t0 = time.perf_counter()
+        model.generate(idx, new_tokens, temperature=0, use_cache=use_cache)
+        dt = time.perf_counter() - t0
+        out[name] = {"seconds": dt, "tokens_per_s": batch * new_tokens / dt}
+        log(f"  generation, {name}: {batch * new_tokens / dt:,.1f} tokens/s")
+    out["cache_speedup"] = out["cached"]["tokens_per_s"] / out["uncached"]["tokens_per_s"]
+    return out
 
 
 def bench_tokenizers(text_path: str | None) -> dict[str, Any]:
@@ -251,7 +258,9 @@ def run_bench(cfg: TrainConfig, compare: bool, as_json: bool, iters: int, warmup
         print(f"  device: {dev['name']} ({dev['cpu']}), peak {dev['peak_flops'] / 1e9:,.0f} GFLOP/s; matmul ceilings "
               + ", ".join(f"{k} {v / 1e9:,.0f}" for k, v in dev["matmul_ceiling_flops"].items()) + " GFLOP/s")
         if "generation" in result:
-            print(f"generation: {result['generation']['tokens_per_s']:,.1f} tokens/s")
+            g = result["generation"]
+            print(f"generation ({g['new_tokens']} tokens): {g['cached']['tokens_per_s']:,.1f} tokens/s with the KV "
+                  f"cache, {g['uncached']['tokens_per_s']:,.1f} without ({g['cache_speedup']:.1f}x)")
         for name, t in result.get("tokenizers", {}).items():
             print(f"tokenizer {name}: " + (f"{t['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in t else t["error"]))
     return result

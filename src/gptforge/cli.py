@@ -158,7 +158,7 @@ on random tokens, after warm-up. Config files and --key=value work as for `gptfo
   --iters N          timed steps per mode and round (default 5)
   --warmup N         untimed steps first (default 2; compilation happens here)
   --rounds N         alternating rounds (default 2)
-  --generation       also time sampling 200 tokens
+  --generation       also time sampling 500 tokens, with and without the KV cache
   --tokenizers[=F]   also time tokenising F (default: generated text) with the char and GPT-2 tokenizers
 """
 

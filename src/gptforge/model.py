@@ -241,21 +241,27 @@ class GPT(nn.Module):
     ):
         """Yield each new token (B, 1) as it is sampled; see generate().
 
-        With the cache the prompt is run once (prefill), then one token per step. The context is cropped
-        to the last block_size tokens when it grows past them, as without the cache: from then on each step
-        re-runs the whole window, since every position shifts.
+        The context window: the whole sequence while it fits in block_size; when it would not, only its
+        last block_size // 2 tokens, growing again from there (positions are absolute, so a window that slid
+        by one token every step would have to be recomputed every step). With the cache, each window is run
+        once (prefill), then one token per step; without it, the same window is recomputed at every step,
+        so both give the same tokens.
         """
         block_size = self.config.block_size
-        cache, seq = None, idx
+        keep = max(1, block_size // 2)
+        cache, seq, start = None, idx, max(0, idx.size(1) - block_size)
         done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
+            shift = seq.size(1) - start > block_size
+            if shift:
+                start = seq.size(1) - keep
             if not use_cache:
-                logits, _ = self(seq[:, -block_size:])
-            elif cache is not None and cache.length < block_size:
+                logits, _ = self(seq[:, start:])
+            elif cache is not None and not shift:
                 logits, _ = self(seq[:, -1:], cache=cache)  # one new token against the cached ones
             else:
                 cache = KVCache(self.config.n_layer, block_size)
-                logits, _ = self(seq[:, -block_size:], cache=cache)  # (re-)prefill the window
+                logits, _ = self(seq[:, start:], cache=cache)  # prefill the window
             token = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)  # (B, 1)
             if stop_token is not None:
                 token = token.masked_fill(done.unsqueeze(1), stop_token)
