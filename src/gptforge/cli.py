@@ -1,9 +1,10 @@
-"""The `gptforge` command: prepare data, train, sample, evaluate, benchmark, watch runs in a dashboard.
+"""The `gptforge` command: prepare data, train, sample, evaluate, export, benchmark, watch runs in a dashboard.
 
     gptforge prepare shakespeare_char --input ../shared/data/tinyshakespeare/input.txt
     gptforge train config/train_shakespeare_char_cpu.py
     gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3
     gptforge eval hellaswag --out_dir=out --limit=200
+    gptforge export --out_dir=out --to=hf-out
     gptforge dashboard out-shakespeare-char
 
 Each subcommand imports its module only when it runs, so `gptforge --help` is instant. Exit codes: 0 success,
@@ -98,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
+
+    p = sub.add_parser("export", help="write a run's model as a Hugging Face GPT-2 folder", formatter_class=fmt,
+                       description="Write <out_dir>/ckpt.pt as a Hugging Face GPT-2 folder (config.json, "
+                       "model.safetensors and, for GPT-2 BPE runs, the tokenizer files) that "
+                       "transformers' GPT2LMHeadModel.from_pretrained and pipeline() load.")
+    p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt")
+    p.add_argument("--ckpt", default=None, help="a checkpoint file to export instead of <out_dir>/ckpt.pt")
+    p.add_argument("--to", required=True, default=argparse.SUPPRESS, metavar="FOLDER",
+                   help="the folder to create (it may exist if empty)")
+    p.add_argument("--force", action="store_true", help="replace FOLDER when it holds a previous export")
     return parser
 
 
@@ -129,7 +140,28 @@ def run(argv: Sequence[str]) -> int:
         serve(args.folders, host=args.host, port=args.port)
     elif args.command == "eval":
         run_eval_hellaswag(args)
+    elif args.command == "export":
+        run_export(args)
     return 0
+
+
+def run_export(args: argparse.Namespace) -> None:
+    """`gptforge export`: the checkpoint's model and tokenizer as a Hugging Face GPT-2 folder."""
+    from gptforge.checkpoint import load_checkpoint, load_model_state
+    from gptforge.model import GPT, MODEL_ARGS, GPTConfig
+    from gptforge.pretrained import export_hf
+    from gptforge.sample import checkpoint_tokenizer
+
+    path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
+    ckpt = load_checkpoint(path, map_location="cpu")
+    model = GPT(GPTConfig(**{k: ckpt["model_args"][k] for k in MODEL_ARGS}))
+    load_model_state(model, ckpt["model"], path)
+    spec = checkpoint_tokenizer(ckpt).spec()
+    notes = export_hf(model.eval(), args.to, spec, force=args.force)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {args.to}: a Hugging Face GPT-2 folder (GPT2LMHeadModel) of {path}, step "
+          f"{ckpt.get('iter_num', '?')}")
 
 
 def run_train(args: list[str]) -> int:

@@ -1,0 +1,253 @@
+"""GPT-2 weights in and out, against transformers itself: a tiny random GPT2LMHeadModel saved to a folder is
+loaded into GPT with the same logits, and GPT exported to a folder loads in transformers with the same logits,
+a working text-generation pipeline and OpenAI's own tokenizer files. The hub is never reached."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+import transformers  # the [hf] extra; the [test] extra installs it
+
+from conftest import SHARED, need_shared, run_cli
+from gptforge.checkpoint import save_checkpoint
+from gptforge.errors import UserError
+from gptforge.model import GPT, GPTConfig
+from gptforge.pretrained import HUB_NAMES, export_hf, load_pretrained
+
+TOL = 1e-5
+BPE_DIR = SHARED / "gpt2-tokenizer"
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter random (biases and LayerNorm too, which init leaves at 0 and 1), so each one counts."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return model.eval()
+
+
+def hf_logits(hf_model, idx: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(idx).logits  # (B, T, V)
+
+
+def gpt_logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(idx, idx)[0]  # with targets: every position's logits, (B, T, V)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a - b).abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def hf_source(tmp_path_factory):
+    """A random 2-layer GPT2LMHeadModel saved by save_pretrained (safetensors); returns (model, folder)."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=96)
+    model = randomize_(transformers.GPT2LMHeadModel(cfg), seed=1)
+    folder = tmp_path_factory.mktemp("hf-source")
+    model.save_pretrained(folder)
+    assert (folder / "model.safetensors").is_file()
+    return model, folder
+
+
+def test_load_hf_folder_gives_transformers_logits(hf_source):
+    hf_model, folder = hf_source
+    model, args = load_pretrained(str(folder))
+    assert args == dict(n_layer=2, n_head=2, n_embd=32, block_size=64, bias=True, vocab_size=96)
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    assert model.lm_head.weight.dtype == torch.float32 and model.lm_head.weight.requires_grad
+    idx = torch.randint(0, 96, (3, 64), generator=torch.Generator().manual_seed(2))
+    diff = max_diff(gpt_logits(model.eval(), idx), hf_logits(hf_model, idx))
+    print(f"load safetensors: max |logits diff| = {diff:.2e}")
+    assert diff < TOL
+
+
+def test_load_openai_style_pytorch_model_bin(hf_source, tmp_path):
+    """OpenAI's original upload: pytorch_model.bin with GPT2Model names (no `transformer.`) and mask buffers."""
+    hf_model, folder = hf_source
+    state = {k.removeprefix("transformer."): v for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
+    for i in range(2):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(64, 64)).view(1, 1, 64, 64)
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    model, _ = load_pretrained(str(tmp_path))
+    idx = torch.randint(0, 96, (2, 40), generator=torch.Generator().manual_seed(3))
+    diff = max_diff(gpt_logits(model.eval(), idx), hf_logits(hf_model, idx))
+    print(f"load pytorch_model.bin: max |logits diff| = {diff:.2e}")
+    assert diff < TOL
+
+
+def test_block_size_crop_and_dropout_override(hf_source):
+    hf_model, folder = hf_source
+    model, args = load_pretrained(str(folder), dropout=0.1, block_size=16)
+    assert args["block_size"] == 16 and model.transformer.wpe.weight.shape == (16, 32)
+    assert model.config.dropout == 0.1 and model.transformer.drop.p == 0.1
+    assert model.transformer.h[0].attn.dropout == 0.1 and model.transformer.h[1].mlp.dropout.p == 0.1
+    idx = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(4))
+    assert max_diff(gpt_logits(model.eval(), idx), hf_logits(hf_model, idx)) < TOL  # causal: the first 16 agree
+    with pytest.raises(UserError, match="block_size 65 does not fit .* has 64 positions; use --block_size=64"):
+        load_pretrained(str(folder), block_size=65)
+
+
+def test_broken_folders_are_user_errors_naming_the_folder(hf_source, tmp_path):
+    _, folder = hf_source
+    config = json.loads((folder / "config.json").read_text())
+    with pytest.raises(UserError, match=f"{tmp_path} has no config.json: pass --init_from="):
+        load_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match=f"{tmp_path} holds no model.safetensors or pytorch_model.bin"):
+        load_pretrained(str(tmp_path))
+    (tmp_path / "model.safetensors").symlink_to(folder / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_embd": 64}))
+    with pytest.raises(UserError, match=rf"{tmp_path} does not hold GPT-2 weights matching its config.json: .*"
+                                        r"has shape \(96, 32\), config.json implies \(96, 64\)"):
+        load_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_layer": 3}))
+    with pytest.raises(UserError, match="missing h.2.ln_1.weight"):
+        load_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
+    with pytest.raises(UserError, match="activation_function='relu'"):
+        load_pretrained(str(tmp_path))
+
+
+def test_hub_names_offline_unknown_and_without_transformers(hf_source, monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # constants are read at import: patch the imported module too
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(UserError, match=r"cannot download gpt2 from the Hugging Face hub .* Offline\? "
+                                        r"Pass --init_from=/path/to/folder holding config.json and model.safetensors"):
+        load_pretrained("gpt2")
+    with pytest.raises(UserError, match=r"'gpt-5' is not a folder nor a GPT-2 name: use one of gpt2, .*gpt2-xl"):
+        load_pretrained("gpt-5")
+    with pytest.raises(UserError, match="folder ./missing-folder does not exist.*--init_from=/path/to/folder"):
+        load_pretrained("./missing-folder")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if `pip install gptforge` without [hf]
+    for name in HUB_NAMES:
+        with pytest.raises(UserError, match=r"needs transformers: pip install 'gptforge\[hf\]'; or pass --init_from="):
+            load_pretrained(name)
+    _, folder = hf_source
+    assert load_pretrained(str(folder))[1]["n_layer"] == 2  # a local folder needs no transformers
+
+
+def tiny_gpt(bias: bool, vocab_size: int = 50304, seed: int = 5) -> GPT:
+    torch.manual_seed(seed)
+    return randomize_(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=vocab_size,
+                                    bias=bias)), seed)
+
+
+def load_hf(folder):
+    model, info = transformers.GPT2LMHeadModel.from_pretrained(folder, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def bpe_export(tmp_path_factory):
+    """A bias-free GPT with a padded 50304 vocabulary (gptforge's default) exported with GPT-2 BPE."""
+    need_shared(SHARED / "tiktoken-cache")
+    model = tiny_gpt(bias=False)
+    folder = tmp_path_factory.mktemp("export") / "hf"
+    notes = export_hf(model, str(folder), {"tokenizer": "gpt2"})
+    return model, folder, notes
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_export_loads_in_transformers_with_the_same_logits(bias, bpe_export, tmp_path):
+    if bias:
+        model, folder = tiny_gpt(bias=True), tmp_path / "hf"
+        export_hf(model, str(folder), {"tokenizer": "gpt2"})
+    else:
+        model, folder, notes = bpe_export
+        assert any("cut from 50304" in n for n in notes) and any("zeros" in n for n in notes)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["vocab_size"] == 50257 and config["n_positions"] == 64 and config["eos_token_id"] == 50256
+    hf_model = load_hf(folder)
+    idx = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(6))
+    diff = max_diff(hf_logits(hf_model, idx), gpt_logits(model, idx)[..., :50257])
+    print(f"export bias={bias}: max |logits diff| = {diff:.2e}")
+    assert diff < TOL
+
+
+def test_exported_tokenizer_is_openais_and_the_pipeline_generates(bpe_export):
+    model, folder, _ = bpe_export
+    assert json.loads((folder / "vocab.json").read_text()) == json.loads((BPE_DIR / "encoder.json").read_text())
+    assert (folder / "merges.txt").read_text().splitlines() == (BPE_DIR / "vocab.bpe").read_text().splitlines()
+
+    from gptforge.tokenizer import GPT2Tokenizer
+
+    tok = GPT2Tokenizer()
+    text = "Hello, I'm a language model,\n\n  with 2 spaces, émigrés and 日本語!"
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    assert hf_tok(text)["input_ids"] == tok.encode(text) and hf_tok.decode(tok.encode(text)) == text
+    assert hf_tok("a<|endoftext|>")["input_ids"][-1] == hf_tok.eos_token_id == 50256
+    prompt = "To be, or not to be"
+    pipe = transformers.pipeline("text-generation", model=str(folder), device="cpu")
+    out = pipe(prompt, max_new_tokens=6, do_sample=False)[0]["generated_text"]
+    ours = model.generate(torch.tensor([tok.encode(prompt)]), max_new_tokens=6, temperature=0)[0].tolist()
+    assert out == tok.decode(ours) and len(ours) == len(tok.encode(prompt)) + 6  # greedy: the same tokens
+
+
+def test_export_char_model_has_no_tokenizer_and_force_rules(tmp_path):
+    itos = list("\n !abcdefghijklmnopqrstuvwxyz")
+    model, folder = tiny_gpt(bias=False, vocab_size=len(itos)), tmp_path / "hf"
+    folder.mkdir()  # an existing empty folder is fine
+    notes = export_hf(model, str(folder), {"tokenizer": "char", "itos": itos})
+    assert any("no Hugging Face tokenizer" in n for n in notes)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["vocab_size"] == len(itos) and config["eos_token_id"] is None
+    idx = torch.randint(0, len(itos), (1, 20), generator=torch.Generator().manual_seed(7))
+    assert max_diff(hf_logits(load_hf(folder), idx), gpt_logits(model, idx)) < TOL
+
+    with pytest.raises(UserError, match="is not empty; choose a new folder, or add --force"):
+        export_hf(model, str(folder), None)
+    (folder / "vocab.json").write_text("{}")  # a stale file of an earlier export: --force removes it
+    export_hf(model, str(folder), None, force=True)
+    assert not (folder / "vocab.json").exists()
+    (folder / "ckpt.pt").write_text("precious")
+    with pytest.raises(UserError, match=r"holds files a Hugging Face export does not \(ckpt.pt\)"):
+        export_hf(model, str(folder), None, force=True)
+    assert (folder / "ckpt.pt").read_text() == "precious"
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no temporary folder left behind
+
+
+def save_run(out_dir, model: GPT, tokenizer: dict) -> None:
+    out_dir.mkdir(parents=True)
+    args = {k: getattr(model.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")}
+    save_checkpoint(str(out_dir / "ckpt.pt"), {"model": model.state_dict(), "model_args": args, "iter_num": 3,
+                                               "best_val_loss": 9.0, "config": {}, "tokenizer": tokenizer})
+
+
+def test_cli_export(tmp_path, tiktoken_cache):
+    model = tiny_gpt(bias=False)
+    save_run(tmp_path / "run", model, {"tokenizer": "gpt2"})
+    r = run_cli("export", "--out_dir=run", "--to=hf", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "wrote hf" in r.stdout and "vocabulary cut from 50304" in r.stderr
+    idx = torch.randint(0, 50257, (1, 32), generator=torch.Generator().manual_seed(8))
+    assert max_diff(hf_logits(load_hf(tmp_path / "hf"), idx), gpt_logits(model, idx)[..., :50257]) < TOL
+    assert (tmp_path / "hf/merges.txt").is_file()
+
+    r = run_cli("export", "--out_dir=run", "--to=hf", cwd=tmp_path)
+    assert r.returncode == 2 and "--to=" in r.stderr and "is not empty" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("export", "--out_dir=nowhere", "--to=hf2", cwd=tmp_path)
+    assert r.returncode == 2 and "checkpoint nowhere/ckpt.pt not found" in r.stderr
+    assert not (tmp_path / "hf2").exists()
+
+    itos = list("\nabc ")
+    save_run(tmp_path / "char", tiny_gpt(bias=True, vocab_size=len(itos)), {"tokenizer": "char", "itos": itos})
+    r = run_cli("export", "--ckpt=char/ckpt.pt", "--to=hf", "--force", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "no Hugging Face tokenizer exists for this model's tokenizer ('char')" in r.stderr
+    assert json.loads((tmp_path / "hf/config.json").read_text())["vocab_size"] == 5
+    assert not (tmp_path / "hf/merges.txt").exists()
