@@ -251,3 +251,46 @@ def test_cli_export(tmp_path, tiktoken_cache):
     assert "no Hugging Face tokenizer exists for this model's tokenizer ('char')" in r.stderr
     assert json.loads((tmp_path / "hf/config.json").read_text())["vocab_size"] == 5
     assert not (tmp_path / "hf/merges.txt").exists()
+
+
+def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path, tiktoken_cache):
+    """init_from=<HF folder>: training starts from its weights, checkpoints, resumes; sample loads it too."""
+    import json
+
+    from conftest import run_cli, tiny_train_args
+    from gptforge.checkpoint import load_checkpoint
+    from gptforge.config import load_config
+    from gptforge.data.prepare import prepare
+    from gptforge.train import train
+
+    torch.manual_seed(0)
+    hf = randomize_(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32,
+                                                                         n_positions=64, vocab_size=50257)), seed=2)
+    folder = tmp_path / "hf"
+    hf.save_pretrained(folder)
+    text = tmp_path / "t.txt"
+    text.write_text("To be, or not to be, that is the question. " * 60)
+    prepare("text", data_dir=str(tmp_path / "data"), files=[str(text)], name="bpe", tokenizer="gpt2")
+    common = dict(dataset="bpe", init_from=str(folder), block_size=32, n_layer=None, n_head=None, n_embd=None,
+                  max_iters=4, eval_interval=2, learning_rate=1e-3)
+    first = train(load_config(tiny_train_args(tmp_path / "data", tmp_path / "ft", **common)))
+    ckpt = load_checkpoint(str(tmp_path / "ft/ckpt.pt"))
+    assert ckpt["iter_num"] == 4 and ckpt["model_args"] == dict(n_layer=2, n_head=2, n_embd=32, block_size=32,
+                                                                  bias=True, vocab_size=50257)
+    config = json.loads((tmp_path / "ft/config.json").read_text())
+    assert (config["n_embd"], config["bias"], config["init_from"]) == (32, True, str(folder))
+    step0 = [json.loads(x) for x in (tmp_path / "ft/metrics.jsonl").read_text().splitlines()][0]
+    assert step0["kind"] == "eval" and step0["val_loss"] > first["losses"]["val"]  # fine-tuning improved on it
+
+    resumed = dict(common, max_iters=6, init_from="resume")
+    train(load_config(tiny_train_args(tmp_path / "data", tmp_path / "ft", **resumed)))
+    assert load_checkpoint(str(tmp_path / "ft/ckpt.pt"))["iter_num"] == 6
+
+    r = run_cli("sample", f"--init_from={folder}", "--start=To be", "--num_samples=1", "--max_new_tokens=5",
+                "--temperature=0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("To be") and r.stdout.endswith("---------------\n")
+    r = run_cli("train", *tiny_train_args("data", "x", dataset="bpe", init_from="gpt2", block_size=32,
+                                          n_layer=None, n_head=None, n_embd=None),
+                cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and "--init_from" in r.stderr and "Traceback" not in r.stderr, r.stderr
