@@ -64,13 +64,16 @@ def test_sample_start_from_file_and_gpt2_bpe_run(tmp_path, shakespeare_path, tik
     assert load_checkpoint(str(tmp_path / "out/ckpt.pt"))["model_args"]["vocab_size"] == 50304  # 50257 padded
 
 
-@pytest.mark.parametrize("command", ["prepare", "train", "sample"])
+@pytest.mark.parametrize("command", ["prepare", "train", "sample", "export", "bench", "dashboard"])
 def test_help_lists_options_with_defaults(command):
     r = run_cli(command, "--help")
     assert r.returncode == 0 and r.stderr == ""
     expected = {"prepare": ["--data_dir", "(default: data)", "--input"],
                 "train": ["--batch_size=12", "--dropout=0.0", "--init_from='scratch'", "--total_batch_size=0"],
-                "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)"]}[command]
+                "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from"],
+                "export": ["--out_dir", "--to"],
+                "bench": ["--compare", "--json", "(default 5)"],
+                "dashboard": ["--port", "(default: 8765)", "(default: 127.0.0.1)"]}[command]
     flat = " ".join(r.stdout.split())  # help is wrapped to the terminal width
     for text in expected:
         assert text in flat, text
