@@ -51,6 +51,8 @@ class TrainConfig:
     )
     batch_size: int = _f(12, "sequences per micro-batch per process")
     block_size: int = _f(1024, "context length in tokens (GPT-2: 1024)")
+    data_loader: str = _f("auto", "'random' (nanoGPT: random windows), 'sharded' (build-nanogpt: sequential over "
+                          "shards, rank-aware) or 'auto' (sharded for shard datasets, else random)")
     total_batch_size: int = _f(
         0, "tokens per optimizer step (build-nanogpt); when > 0 it sets gradient_accumulation_steps. 0 = off"
     )
@@ -102,6 +104,7 @@ _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 _CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "backend": ("auto", "nccl", "gloo", "mpi", "ucc"),
+    "data_loader": ("auto", "random", "sharded"),
 }
 
 

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gptforge.checkpoint import FORMAT_VERSION, capture_rng, load_checkpoint, load_model_state, restore_rng
 from gptforge.checkpoint import save_checkpoint as write_checkpoint
 from gptforge.config import FIELDS, TrainConfig
-from gptforge.data.loader import RandomBatches, dataset_dir, read_meta
+from gptforge.data.loader import RandomBatches, ShardedBatches, dataset_dir, read_meta, split_files
 from gptforge.distributed import (
     DistEnv,
     all_reduce_mean,
@@ -82,21 +82,33 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     scaler = torch.amp.GradScaler(env.device_type, enabled=cfg.dtype == "float16")
     optimizer = configure_optimizer(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type)
     iter_num, best_val_loss = 0, float("inf")
-    # Batches and evaluation draw from torch's global generator in nanoGPT's order, so a nanoGPT command
-    # gives nanoGPT's losses (README CPU recipe: val 1.8858 at step 2000 here, nanoGPT 1.8857).
-    eval_batches = {split: RandomBatches(os.path.join(folder, f"{split}.bin"), cfg.batch_size, cfg.block_size,
-                                         model_args["vocab_size"], env.device, dtype=meta["dtype"])
-                    for split in ("train", "val")}
-    train_batches = eval_batches["train"]
+    sharded = cfg.data_loader == "sharded" or (cfg.data_loader == "auto" and meta.get("format") == "shards")
+    cfg.data_loader = "sharded" if sharded else "random"
+    if sharded:
+        # Sequential windows in one global order (see ShardedBatches); each evaluation reads the same windows,
+        # split across ranks, eval_iters batches in all.
+        def shard_batches(split: str, micro: int) -> ShardedBatches:
+            return ShardedBatches(split_files(folder, split, meta), cfg.batch_size, cfg.block_size,
+                                  model_args["vocab_size"], env.device, micro, env.rank, env.world_size, cfg.seed,
+                                  meta["dtype"])
+
+        train_batches = shard_batches("train", accum)
+        eval_loaders = lambda: {split: shard_batches(split, 1) for split in ("train", "val")}  # noqa: E731
+        eval_iters = -(-cfg.eval_iters // env.world_size)
+    else:
+        # Batches and evaluation draw from torch's global generator in nanoGPT's order, so a nanoGPT command
+        # gives nanoGPT's losses (README CPU recipe: val 1.8858 at step 2000 here, nanoGPT 1.8857).
+        random_batches = {split: RandomBatches(os.path.join(folder, f"{split}.bin"), cfg.batch_size, cfg.block_size,
+                                               model_args["vocab_size"], env.device, dtype=meta["dtype"])
+                          for split in ("train", "val")}
+        train_batches = random_batches["train"]
+        eval_loaders, eval_iters = (lambda: random_batches), cfg.eval_iters
     if ckpt is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
         if ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         iter_num, best_val_loss = int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
-        if "rng" in ckpt and env.world_size == 1:
-            restore_rng(ckpt["rng"])
-        if "data_state" in ckpt and env.world_size == 1:
-            train_batches.load_state_dict(ckpt["data_state"]["train"])  # after the RNGs: it may set torch's
+        restore_run_state(ckpt, env, train_batches)
     wandb = None
     if cfg.wandb_log:
         wandb = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=dataclasses.asdict(cfg),
@@ -138,12 +150,14 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     peak = peak_flops(env.device, cfg.dtype, cfg.peak_flops) if env.is_main else 1.0  # only rank 0 reports MFU
 
     def checkpoint(reason: str) -> None:
+        rngs, data_states = gather(capture_rng(), env), gather(next_data_state, env)  # every rank's, on rank 0
         if not env.is_main:
             return
         write_checkpoint(ckpt_path, {
             "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
             "iter_num": iter_num, "best_val_loss": best_val_loss, "config": dataclasses.asdict(cfg),
-            "scaler": scaler.state_dict(), "rng": capture_rng(), "data_state": {"train": next_data_state},
+            "scaler": scaler.state_dict(), "rng": rngs[0], "rng_per_rank": rngs,
+            "data_state": {"train": data_states[0], "train_per_rank": data_states},
             "tokenizer": tokenizer_spec(meta), "wandb_run_id": metrics.wandb_id, "format_version": FORMAT_VERSION,
         })
         metrics.info(f"saved checkpoint {ckpt_path} at iter {iter_num} ({reason})")
@@ -162,7 +176,7 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
             saved = False
             if (iter_num % cfg.eval_interval == 0 or last or cfg.eval_only) and not stop.requested:
                 reduce = (lambda t: all_reduce_mean(t, env)) if env.ddp else None
-                losses = estimate_loss(model, eval_batches, cfg.eval_iters, ctx, reduce=reduce)
+                losses = estimate_loss(model, eval_loaders(), eval_iters, ctx, reduce=reduce)
                 metrics.log(iter_num, "eval", train_loss=losses["train"], val_loss=losses["val"], lr=lr)
                 improved = losses["val"] < best_val_loss
                 best_val_loss = min(best_val_loss, losses["val"])
@@ -246,6 +260,31 @@ class Sampler:
         finally:
             model.train(was_training)
         return [self.tok.decode(row.tolist()) for row in out]
+
+
+def gather(obj: Any, env: DistEnv) -> list[Any]:
+    """Every rank's `obj`, in rank order (all ranks must call)."""
+    if not env.ddp:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def restore_run_state(ckpt: dict[str, Any], env: DistEnv, batches) -> None:
+    """This rank's RNGs and data position from a checkpoint, when it was written with the same world size.
+
+    A sharded loader's position is global, so it carries over to another world size; RNG states and the
+    random loader's (which is the global generator's state) only fit the rank that saved them.
+    """
+    same_world = len(ckpt.get("rng_per_rank") or [ckpt.get("rng")]) == env.world_size
+    if same_world and ckpt.get("rng") is not None:
+        restore_rng((ckpt.get("rng_per_rank") or [ckpt["rng"]])[env.rank])
+    data = ckpt.get("data_state") or {}
+    state = (data.get("train_per_rank") or [data.get("train")])[env.rank] if same_world else data.get("train")
+    if state and state.get("kind") == ("sharded" if isinstance(batches, ShardedBatches) else "random"):
+        if same_world or state["kind"] == "sharded":
+            batches.load_state_dict(state)  # after the RNGs: the random loader's state is torch's generator
 
 
 def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | None, ckpt_path: str):

@@ -161,3 +161,106 @@ class RandomBatches:
             self.generator.set_state(state["generator"])
         else:
             torch.set_rng_state(state["generator"])
+
+
+def split_files(folder: str, split: str, meta: dict[str, Any]) -> list[str]:
+    """The token files of a split in order: meta.json's shard list, else `<split>.bin`, else `*_<split>_NNNNNN.bin`."""
+    names = (meta.get("shards") or {}).get(split)
+    if names:
+        return [os.path.join(folder, n) for n in names]
+    single = os.path.join(folder, f"{split}.bin")
+    if os.path.isfile(single):
+        return [single]
+    marker = f"_{split}_"
+    found = sorted(n for n in os.listdir(folder) if marker in n and n.endswith(".bin") and n[-10:-4].isdigit())
+    if not found:
+        raise UserError(f"{folder}: no {split}.bin and no *_{split}_NNNNNN.bin shards; run `gptforge prepare`")
+    return [os.path.join(folder, n) for n in found]
+
+
+class ShardedBatches:
+    """build-nanogpt's sequential loader, made rank-aware and resumable.
+
+    The windows (block_size + 1 tokens, consecutive windows sharing one token) of all shards form one global
+    order per epoch: shards in an order shuffled with seed + epoch, each read front to back. Optimizer step s
+    takes the next `global_micro * batch_size` windows, global_micro = micro-batches per step summed over
+    ranks; rank r's micro-step m reads the batch_size windows at (m * world_size + r) * batch_size in it. So
+    a step consumes the same windows whatever the world size, ranks never read the same window, and every
+    window of an epoch is read once. The whole state is how many batches this rank has drawn.
+    """
+
+    def __init__(
+        self, files: list[str], batch_size: int, block_size: int, vocab_size: int, device: str,
+        micro_per_rank: int = 1, rank: int = 0, world_size: int = 1, seed: int = 1337, dtype: str = "uint16",
+    ):
+        assert 0 <= rank < world_size and micro_per_rank > 0, "0 <= rank < world_size, micro_per_rank > 0"
+        self.files, self.dtype = files, dtype
+        self.batch_size, self.block_size, self.vocab_size = batch_size, block_size, vocab_size
+        self.device = torch.device(device)
+        self.micro, self.rank, self.world, self.seed = micro_per_rank, rank, world_size, seed
+        self.windows = np.array([(len(open_tokens(f, dtype)) - 1) // block_size for f in files], dtype=np.int64)
+        if self.windows.sum() < batch_size * world_size:
+            raise UserError(
+                f"{os.path.dirname(files[0]) or '.'}: {int(self.windows.sum())} windows of block_size={block_size} "
+                f"in {len(files)} file(s), fewer than one batch of all ranks ({batch_size} x {world_size}); use a "
+                "smaller --block_size or --batch_size, or more data"
+            )
+        self.per_epoch = int(self.windows.sum())
+        self.calls = 0
+        self._epoch_cache: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    def _epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(shard order, cumulative window counts in that order) for an epoch."""
+        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.files))
+            self._epoch_cache = (epoch, order, np.cumsum(self.windows[order]))
+        return self._epoch_cache[1], self._epoch_cache[2]
+
+    def window_indices(self, call: int) -> np.ndarray:
+        """Global window numbers (B,) of this rank's `call`-th batch."""
+        step, micro = divmod(call, self.micro)
+        per_step = self.micro * self.world * self.batch_size
+        start = step * per_step + (micro * self.world + self.rank) * self.batch_size
+        return np.arange(start, start + self.batch_size, dtype=np.int64)
+
+    def locate(self, window: int) -> tuple[int, int]:
+        """(file index, first token) of a global window number."""
+        epoch, index = divmod(int(window), self.per_epoch)
+        order, cum = self._epoch_layout(epoch)
+        pos = int(np.searchsorted(cum, index, side="right"))
+        before = int(cum[pos - 1]) if pos else 0
+        return int(order[pos]), (index - before) * self.block_size
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = []
+        mapped: dict[int, np.memmap] = {}
+        for window in self.window_indices(self.calls):
+            f, start = self.locate(window)
+            if f not in mapped:
+                mapped[f] = np.memmap(self.files[f], dtype=DTYPES[self.dtype], mode="r")
+            rows.append(mapped[f][start : start + self.block_size + 1])
+        self.calls += 1
+        windows = np.stack(rows)  # (B, T+1)
+        top = int(windows.max())
+        if top >= self.vocab_size:
+            raise UserError(
+                f"{os.path.dirname(self.files[0]) or '.'} holds token id {top}, but the model's vocab_size is "
+                f"{self.vocab_size}: the data and the model do not match. Re-run `gptforge prepare`"
+            )
+        buf = torch.from_numpy(windows.astype(np.int64))
+        x, y = buf[:, :-1].contiguous(), buf[:, 1:].contiguous()  # (B, T) each
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "sharded", "calls": self.calls, "world_size": self.world, "micro": self.micro}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        assert state.get("kind") == "sharded", f"data state of kind {state.get('kind')!r} given to ShardedBatches"
+        if (state["world_size"], state["micro"]) != (self.world, self.micro):
+            # same global position, other split: count the steps done, then map them onto this layout
+            steps = state["calls"] // state["micro"]
+            self.calls = steps * self.micro
+        else:
+            self.calls = int(state["calls"])
