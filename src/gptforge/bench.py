@@ -101,7 +101,7 @@ class Mode:
     def step(self) -> float:
         t0 = time.perf_counter()
         loss, self.x, self.y, _ = accumulate_gradients(self.model, self.x, self.y, self.batches, self.accum,
-                                                       self.ctx, self.scaler, ddp=False)
+                                                       self.ctx, self.scaler)
         if self.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.grad_clip)

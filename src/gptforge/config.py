@@ -75,6 +75,8 @@ class TrainConfig:
     lr_decay_iters: int = _f(600000, "step where cosine decay reaches min_lr (~max_iters per Chinchilla)")
     min_lr: float = _f(6e-5, "floor of the schedule (~learning_rate / 10 per Chinchilla)")
     # --- system --------------------------------------------------------------------------------------------
+    parallel: str = _f("ddp", "with several processes: 'ddp' (a full copy per process) or 'fsdp' (FSDP2: parameters, "
+                       "gradients and optimizer state sharded per block, for models too big for one device)")
     backend: str = _f("nccl", "torch.distributed backend: 'nccl', 'gloo' or 'auto' (nccl on CUDA, else gloo)")
     device: str = _f("cuda", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto' (cuda > mps > cpu)")
     dtype: str = _f(
@@ -105,6 +107,7 @@ _CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "backend": ("auto", "nccl", "gloo", "mpi", "ucc"),
     "data_loader": ("auto", "random", "sharded"),
+    "parallel": ("ddp", "fsdp"),
 }
 
 

@@ -48,17 +48,19 @@ def get_lr(
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-def accumulate_gradients(model, X, Y, batches, accum: int, ctx, scaler, ddp: bool):
+def accumulate_gradients(model, X, Y, batches, accum: int, ctx, scaler, sync=None):
     """Forward and backward over `accum` micro-batches, starting with (X, Y), summing gradients in .grad.
 
     Returns (mean loss as a tensor, the next step's X and Y, the loader's state before they were drawn).
     Each micro-batch's loss is divided by accum, so the gradient is the mean over all of them, as one big
     batch would give. The next batch is fetched before backward: on a GPU the copy overlaps the compute.
+    `sync(last)`, when given, turns the gradient all-reduce (DDP) / reduce-scatter (FSDP) on for the last
+    micro-batch only.
     """
     loss_sum = torch.zeros((), device=X.device)
     for micro_step in range(accum):
-        if ddp:
-            model.require_backward_grad_sync = micro_step == accum - 1  # all-reduce once per step, not per micro
+        if sync is not None:
+            sync(micro_step == accum - 1)  # communicate once per step, not once per micro-batch
         with ctx:
             _, loss = model(X, Y)
             loss = loss / accum

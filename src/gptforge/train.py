@@ -67,7 +67,7 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
             f"processes) does not divide across {env.world_size} processes; make it a multiple of {env.world_size}"
         )
     accum = cfg.gradient_accumulation_steps // env.world_size
-    torch.manual_seed(cfg.seed + env.rank)
+    torch.manual_seed(cfg.seed)  # every rank builds the same initial weights (FSDP keeps each rank's shard of them)
     configure_backends(env.device_type)
 
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
@@ -75,7 +75,20 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     ckpt = load_checkpoint(ckpt_path, map_location=env.device) if cfg.init_from == "resume" else None
     model, model_args = build_model(cfg, meta, ckpt, ckpt_path)
+    if env.rank:
+        torch.manual_seed(cfg.seed + env.rank)  # then each rank its own stream: batches and dropout differ
     model.to(env.device)
+    fsdp = env.ddp and cfg.parallel == "fsdp"
+    if fsdp and cfg.hellaswag_interval > 0:
+        # ranks score different numbers of batches, and every forward of a sharded model needs all ranks
+        raise UserError("--hellaswag_interval does not work with --parallel=fsdp yet; use parallel=ddp, or evaluate "
+                        "the checkpoint afterwards with `gptforge eval hellaswag`")
+    if fsdp:  # before the optimizer: it must hold the sharded parameters
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
     if env.is_main:
         prepare_out_dir(cfg)
 
@@ -104,7 +117,7 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         train_batches = random_batches["train"]
         eval_loaders, eval_iters = (lambda: random_batches), cfg.eval_iters
     if ckpt is not None:
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(model, optimizer, ckpt, fsdp, ckpt_path)
         if ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         iter_num, best_val_loss = int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
@@ -115,7 +128,8 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
                      id=ckpt.get("wandb_run_id") if ckpt else None)
     metrics = Metrics(cfg.out_dir, enabled=env.is_main, resume_step=iter_num if ckpt else None, wandb=wandb,
                       tensorboard=cfg.tensorboard_log)
-    sampler = Sampler(cfg, meta, env) if cfg.sample_interval > 0 and env.is_main else None
+    # a sharded model needs every rank in each forward pass, so under FSDP all ranks sample (rank 0 logs)
+    sampler = Sampler(cfg, meta, env) if cfg.sample_interval > 0 and (env.is_main or fsdp) else None
     if cfg.hellaswag_interval > 0:  # checked and loaded up front: a mistake shows before any training
         hs_tok = from_spec(tokenizer_spec(meta))
         check_tokenizer(hs_tok)
@@ -137,8 +151,12 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     if cfg.compile:
         metrics.info("compiling the model with torch.compile (the first step takes a while)...")
         model = torch.compile(model)
-    if env.ddp:
+    sync = None
+    if fsdp:
+        sync = raw_model.set_requires_gradient_sync
+    elif env.ddp:
         model = DDP(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
+        sync = lambda last: setattr(model, "require_backward_grad_sync", last)  # noqa: E731
     ctx = autocast_context(env.device_type, cfg.dtype)
     tokens_per_iter = accum * env.world_size * cfg.batch_size * cfg.block_size
     metrics.info(
@@ -151,10 +169,12 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
 
     def checkpoint(reason: str) -> None:
         rngs, data_states = gather(capture_rng(), env), gather(next_data_state, env)  # every rank's, on rank 0
+        model_state, optimizer_state = full_states(raw_model, optimizer, fsdp)  # all ranks take part under FSDP
         if not env.is_main:
             return
         write_checkpoint(ckpt_path, {
-            "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
+            "model": model_state, "optimizer": optimizer_state, "optimizer_format": "fqn" if fsdp else "torch",
+            "model_args": model_args,
             "iter_num": iter_num, "best_val_loss": best_val_loss, "config": dataclasses.asdict(cfg),
             "scaler": scaler.state_dict(), "rng": rngs[0], "rng_per_rank": rngs,
             "data_state": {"train": data_states[0], "train_per_rank": data_states},
@@ -202,11 +222,12 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
 
             t0 = time.perf_counter()
             loss_sum, X, Y, next_data_state = accumulate_gradients(model, X, Y, train_batches, accum, ctx, scaler,
-                                                                   env.ddp)
+                                                                   sync)
             grad_norm = None
             if cfg.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
                 grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
+                grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -260,6 +281,31 @@ class Sampler:
         finally:
             model.train(was_training)
         return [self.tok.decode(row.tolist()) for row in out]
+
+
+def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool):
+    """Model and optimizer state as one process would hold them. Under FSDP the shards are gathered (to CPU)
+    and the optimizer state is keyed by parameter name ('fqn'); otherwise torch's own state dicts."""
+    if not fsdp:
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def load_optimizer_state(model, optimizer, ckpt: dict[str, Any], fsdp: bool, path: str) -> None:
+    """Resume the optimizer from a checkpoint written by one process / DDP ('torch') or by FSDP ('fqn')."""
+    fqn = ckpt.get("optimizer_format") == "fqn"
+    if not fqn and not fsdp:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        return
+    if not fqn:
+        raise UserError(f"{path} was written without FSDP: resume it with --parallel=ddp (its model weights load "
+                        "anywhere; only the optimizer state is laid out for DDP)")
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
 
 
 def gather(obj: Any, env: DistEnv) -> list[Any]:
