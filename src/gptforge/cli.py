@@ -40,15 +40,31 @@ def build_parser() -> argparse.ArgumentParser:
     def fmt(prog: str) -> argparse.HelpFormatter:
         return argparse.ArgumentDefaultsHelpFormatter(prog, max_help_position=30, width=110)
 
-    p = sub.add_parser("prepare", help="tokenize a dataset into data/<name>/{train,val}.bin", formatter_class=fmt,
-                       description="Tokenize a dataset into <data_dir>/<name>/train.bin, val.bin and meta.json.")
-    p.add_argument("recipe", choices=["shakespeare_char", "shakespeare", "text"], help="what to prepare")
-    p.add_argument("files", nargs="*", help="input text files (recipe 'text')")
-    p.add_argument("--input", default=None, help="local copy of the recipe's source file (skips the download)")
+    p = sub.add_parser("prepare", help="tokenize a dataset into data/<name>/ (train.bin/val.bin, or token shards)",
+                       formatter_class=fmt,
+                       description="Tokenize a dataset into <data_dir>/<name>/: train.bin, val.bin and meta.json "
+                       "(shakespeare_char, shakespeare, text), or GPT-2 token shards <name>_<split>_NNNNNN.bin and "
+                       "meta.json (files, openwebtext, fineweb_edu; resumable: run the same command again).")
+    p.add_argument("recipe", choices=["shakespeare_char", "shakespeare", "text", "files", "openwebtext", "fineweb_edu"],
+                   help="what to prepare")
+    p.add_argument("files", nargs="*", metavar="PATH",
+                   help="input files: UTF-8 text (recipe 'text'); .jsonl, .jsonl.gz, .parquet, .txt files or folders "
+                   "of them (recipe 'files')")
+    p.add_argument("--input", default=None,
+                   help="local copy of the recipe's source (skips the download): a text file for the Shakespeare "
+                   "recipes; for openwebtext / fineweb_edu a datasets save_to_disk folder or data files")
     p.add_argument("--data_dir", default="data", help="folder that receives the dataset folder")
-    p.add_argument("--name", default=None, help="dataset name for recipe 'text' (folder <data_dir>/<name>)")
+    p.add_argument("--name", default=None,
+                   help="dataset name (folder <data_dir>/<name>); needed by 'text' and 'files', else the recipe's")
     p.add_argument("--tokenizer", default="char", choices=["char", "gpt2"], help="tokenizer for recipe 'text'")
-    p.add_argument("--val_fraction", type=float, default=0.1, help="share of the tokens held out for validation")
+    p.add_argument("--val_fraction", type=float, default=0.1,
+                   help="share of the tokens held out for validation (shakespeare*, text)")
+    p.add_argument("--text_field", default="text", help="field / column holding the text (sharded recipes)")
+    p.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per shard (sharded recipes)")
+    p.add_argument("--val_tokens", type=int, default=1_000_000,
+                   help="the first documents go to val until it holds this many tokens (sharded recipes)")
+    p.add_argument("--num_proc", type=int, default=min(os.cpu_count() or 1, 8),
+                   help="tokenizer worker processes (sharded recipes)")
 
     sub.add_parser("train", help="train a GPT (nanoGPT config files and --key=value options)", add_help=False)
     sub.add_parser("bench", help="time the training step: tokens/s, MFU, memory; --compare with the baseline",
@@ -124,6 +140,15 @@ def run(argv: Sequence[str]) -> int:
         parser.print_help()
         return 0
     if args.command == "prepare":
+        if args.recipe in ("files", "openwebtext", "fineweb_edu"):
+            from gptforge.data.shards import prepare_shards
+
+            if args.recipe == "files" and args.input:
+                raise UserError("recipe 'files' takes its inputs as PATH arguments, not --input")
+            prepare_shards(args.recipe, data_dir=args.data_dir, paths=args.files, name=args.name,
+                           input_path=args.input, text_field=args.text_field, shard_size=args.shard_size,
+                           val_tokens=args.val_tokens, num_proc=args.num_proc)
+            return 0
         from gptforge.data.prepare import prepare
 
         if args.recipe != "text" and args.files:

@@ -7,7 +7,8 @@
 The Shakespeare recipes use Tiny Shakespeare: `--input PATH` if given, else `input.txt` already in the dataset
 folder, else a download from karpathy/char-rnn. The first 90% of the text trains, the last 10% validates.
 Every file is written under a temporary name and renamed into place, meta.json last, so an interrupted run
-never leaves a truncated dataset that looks whole.
+never leaves a truncated dataset that looks whole. Corpora too big for memory (files, openwebtext,
+fineweb_edu) go through data/shards.py instead, into token shards.
 """
 
 from __future__ import annotations
