@@ -89,8 +89,6 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         for block in model.transformer.h:
             fully_shard(block)
         fully_shard(model)
-    if env.is_main:
-        prepare_out_dir(cfg)
 
     scaler = torch.amp.GradScaler(env.device_type, enabled=cfg.dtype == "float16")
     optimizer = configure_optimizer(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type)
@@ -122,6 +120,8 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
             scaler.load_state_dict(ckpt["scaler"])
         iter_num, best_val_loss = int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
         restore_run_state(ckpt, env, train_batches)
+    if env.is_main:
+        prepare_out_dir(cfg)  # config.json once every 'auto' is resolved
     wandb = None
     if cfg.wandb_log:
         wandb = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=dataclasses.asdict(cfg),
