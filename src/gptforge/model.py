@@ -205,27 +205,16 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        stop_token: int | None = None,
-        generator: torch.Generator | None = None,
-        use_cache: bool = True,
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None, **options
     ) -> torch.Tensor:
         """Append up to max_new_tokens sampled tokens to idx (B, T); returns (B, T + n).
 
-        temperature 0 = greedy; top_k keeps the k likeliest tokens, top_p the smallest set holding p of the
-        probability; generation ends early once every row has produced stop_token (finished rows are padded
-        with it). Draws use `generator` when given, so the global RNG is untouched.
+        temperature 0 = greedy; top_k keeps the k likeliest tokens; `options` are generate_stream's: top_p (the
+        smallest set holding p of the probability), stop_token (generation ends early once every row has
+        produced it; finished rows are padded with it), generator (draws from it leave the global RNG alone),
+        use_cache.
         """
-        pieces = [idx]
-        for token in self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, stop_token, generator,
-                                          use_cache):
-            pieces.append(token)
-        return torch.cat(pieces, dim=1)
+        return torch.cat([idx, *self.generate_stream(idx, max_new_tokens, temperature, top_k, **options)], dim=1)
 
     @torch.no_grad()
     def generate_stream(
