@@ -253,7 +253,7 @@ def test_cli_export(tmp_path, tiktoken_cache):
     assert not (tmp_path / "hf/merges.txt").exists()
 
 
-def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path, tiktoken_cache):
+def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path, tiktoken_cache, hellaswag_path):
     """init_from=<HF folder>: training starts from its weights, checkpoints, resumes; sample loads it too."""
     import json
 
@@ -290,6 +290,10 @@ def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path
                 "--temperature=0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("To be") and r.stdout.endswith("---------------\n")
+    r = run_cli("eval", "hellaswag", f"--init_from={folder}", "--limit=8", f"--hellaswag_path={hellaswag_path}",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("hellaswag: 8 examples, acc ")  # HellaSwag straight from a Hugging Face folder
     r = run_cli("train", *tiny_train_args("data", "x", dataset="bpe", init_from="gpt2", block_size=32,
                                           n_layer=None, n_head=None, n_embd=None),
                 cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Score <out_dir>/ckpt.pt on HellaSwag's validation set, completion style; "
                          "prints one line: examples, acc and acc_norm. Works under torchrun (sharded).")
     t.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt (a GPT-2 BPE run)")
+    t.add_argument("--init_from", default="resume",
+                   help="'resume' (the run in --out_dir), a GPT-2 name (gpt2 ... gpt2-xl) or a Hugging Face "
+                   "GPT-2 folder")
     t.add_argument("--hellaswag_path", default=None,
                    help="local hellaswag_val.jsonl; None = download it once into $GPTFORGE_CACHE_DIR/hellaswag "
                    "(~/.cache/gptforge/hellaswag)")
@@ -256,12 +259,12 @@ def run_eval_hellaswag(args: argparse.Namespace) -> None:
 
     from gptforge.distributed import autocast_context, resolve_dtype, setup_distributed, teardown
     from gptforge.evaluate import hellaswag
-    from gptforge.sample import load_run
+    from gptforge.sample import SampleArgs, load_model
 
     env = setup_distributed(args.device, "auto")
     try:
         dtype = resolve_dtype(args.dtype, env.device_type)
-        model, tokenizer = load_run(args.out_dir, env.device)
+        model, tokenizer = load_model(SampleArgs(out_dir=args.out_dir, init_from=args.init_from), env.device)
         hellaswag.check_tokenizer(tokenizer)
         if env.ddp and not env.is_main:
             dist.barrier()  # rank 0 downloads; the others then find the file in the cache
