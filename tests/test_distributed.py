@@ -19,6 +19,14 @@ def torchrun(*args, nproc=2, timeout=240):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def one_process(char_data, out_dir, options):
+    """The same training as one plain process (one thread, like each torchrun rank); returns its out_dir."""
+    r = subprocess.run([sys.executable, "-m", "gptforge", "train", *tiny_train_args(char_data, out_dir, **options)],
+                       capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    return out_dir
+
+
 def losses(out_dir):
     rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
     return [r["loss"] for r in rows if r["kind"] == "train"], [r for r in rows if r["kind"] == "eval"]
@@ -28,10 +36,7 @@ def losses(out_dir):
 def test_ddp_matches_one_process_logs_once_and_resumes_exactly(char_data, tmp_path):
     common = dict(data_loader="sharded", gradient_accumulation_steps=4, batch_size=4, max_iters=8, eval_interval=4,
                   eval_iters=4, dropout=0.0, dtype="float32")
-    single = tmp_path / "single"
-    r = subprocess.run([sys.executable, "-m", "gptforge", "train", *tiny_train_args(char_data, single, **common)],
-                       capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr
+    single = one_process(char_data, tmp_path / "single", common)
     ddp = tmp_path / "ddp"
     r = torchrun(*tiny_train_args(char_data, ddp, **common))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -58,10 +63,7 @@ def test_ddp_matches_one_process_logs_once_and_resumes_exactly(char_data, tmp_pa
 def test_fsdp_matches_one_process_and_its_checkpoint_loads_in_one_process(char_data, tmp_path):
     common = dict(data_loader="sharded", gradient_accumulation_steps=2, batch_size=4, max_iters=6, eval_interval=3,
                   eval_iters=2, dropout=0.0, dtype="float32")
-    single = tmp_path / "single"
-    r = subprocess.run([sys.executable, "-m", "gptforge", "train", *tiny_train_args(char_data, single, **common)],
-                       capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr
+    single = one_process(char_data, tmp_path / "single", common)
     fsdp = tmp_path / "fsdp"
     r = torchrun(*tiny_train_args(char_data, fsdp, parallel="fsdp", **common))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -175,17 +175,12 @@ def run(argv: Sequence[str]) -> int:
 
 def run_export(args: argparse.Namespace) -> None:
     """`gptforge export`: the checkpoint's model and tokenizer as a Hugging Face GPT-2 folder."""
-    from gptforge.checkpoint import load_checkpoint, load_model_state
-    from gptforge.model import GPT, MODEL_ARGS, GPTConfig
     from gptforge.pretrained import export_hf
-    from gptforge.sample import checkpoint_tokenizer
+    from gptforge.sample import load_checkpoint_model
 
     path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
-    ckpt = load_checkpoint(path, map_location="cpu")
-    model = GPT(GPTConfig(**{k: ckpt["model_args"][k] for k in MODEL_ARGS}))
-    load_model_state(model, ckpt["model"], path)
-    spec = checkpoint_tokenizer(ckpt).spec()
-    notes = export_hf(model.eval(), args.to, spec, force=args.force)
+    model, tok, ckpt = load_checkpoint_model(path, "cpu")
+    notes = export_hf(model, args.to, tok.spec(), force=args.force)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"wrote {args.to}: a Hugging Face GPT-2 folder (GPT2LMHeadModel) of {path}, step "

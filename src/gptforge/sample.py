@@ -44,13 +44,17 @@ class SampleArgs:
 
 def load_run(out_dir: str, device: str) -> tuple[GPT, Tokenizer]:
     """The model of `<out_dir>/ckpt.pt` in eval mode on `device`, and the tokenizer it was trained with."""
-    path = os.path.join(out_dir, "ckpt.pt")
+    model, tok, _ = load_checkpoint_model(os.path.join(out_dir, "ckpt.pt"), device)
+    return model, tok
+
+
+def load_checkpoint_model(path: str, device: str) -> tuple[GPT, Tokenizer, dict]:
+    """A checkpoint file's model (eval mode, on `device`), its tokenizer, and the checkpoint itself."""
     ckpt = load_checkpoint(path, map_location="cpu")
-    args = {k: ckpt["model_args"][k] for k in MODEL_ARGS}
-    model = GPT(GPTConfig(**args, dropout=0.0))
+    model = GPT(GPTConfig(**{k: ckpt["model_args"][k] for k in MODEL_ARGS}, dropout=0.0))
     load_model_state(model, ckpt["model"], path)
     model.eval().to(device)
-    return model, checkpoint_tokenizer(ckpt)
+    return model, checkpoint_tokenizer(ckpt), ckpt
 
 
 def checkpoint_tokenizer(ckpt: dict) -> Tokenizer:

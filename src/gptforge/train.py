@@ -334,10 +334,12 @@ def restore_run_state(ckpt: dict[str, Any], env: DistEnv, batches) -> None:
 
 
 def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | None, ckpt_path: str):
-    """A new model sized from the config and the dataset's vocabulary, or the checkpoint's model on resume."""
+    """A new model sized from the config and the dataset's vocabulary, the checkpoint's model on resume, or
+    GPT-2's weights."""
+    model = None
     if cfg.init_from not in ("scratch", "resume"):
-        return pretrained_model(cfg, meta)
-    if ckpt is None:
+        model, model_args = pretrained_model(cfg, meta)
+    elif ckpt is None:
         vocab = meta["vocab_size"]
         if meta["tokenizer"] == "gpt2":
             vocab = math.ceil(vocab / 64) * 64  # 50257 -> 50304: matmul-friendly; the extra rows never occur
@@ -345,7 +347,8 @@ def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | N
                           bias=cfg.bias, vocab_size=vocab)
     else:
         model_args = {k: ckpt["model_args"][k] for k in MODEL_ARGS}
-        for key in MODEL_ARGS:  # the checkpoint's shape wins; record it so config.json tells the truth
+    if cfg.init_from != "scratch":
+        for key in MODEL_ARGS:  # the source's shape wins; record it so config.json tells the truth
             if key != "vocab_size":
                 setattr(cfg, key, model_args[key])
     if meta["vocab_size"] > model_args["vocab_size"]:
@@ -353,9 +356,10 @@ def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | N
             f"dataset {cfg.dataset!r} has vocab_size {meta['vocab_size']} but the model only "
             f"{model_args['vocab_size']}; resume on the dataset the model was trained on"
         )
-    model = GPT(GPTConfig(**model_args, dropout=cfg.dropout))
-    if ckpt is not None:
-        load_model_state(model, ckpt["model"], ckpt_path)
+    if model is None:
+        model = GPT(GPTConfig(**model_args, dropout=cfg.dropout))
+        if ckpt is not None:
+            load_model_state(model, ckpt["model"], ckpt_path)
     return model, model_args
 
 
@@ -370,9 +374,6 @@ def pretrained_model(cfg: TrainConfig, meta: dict[str, Any]):
             "`gptforge prepare text FILE --tokenizer gpt2`)"
         )
     model, model_args = load_pretrained(cfg.init_from, dropout=cfg.dropout, block_size=cfg.block_size)
-    for key in MODEL_ARGS:  # the pretrained shape wins; record it so config.json tells the truth
-        if key != "vocab_size":
-            setattr(cfg, key, model_args[key])
     return model, {k: model_args[k] for k in MODEL_ARGS}
 
 
