@@ -37,6 +37,9 @@ class TrainConfig:
     eval_iters: int = _f(200, "batches per split averaged by each evaluation; more = less noisy, slower")
     eval_only: bool = _f(False, "evaluate once and exit (with init_from='resume' or a pretrained model)")
     always_save_checkpoint: bool = _f(True, "checkpoint at every evaluation, not only when val loss improves")
+    ckpt_interval: int = _f(0, "also keep a step checkpoint model_{step:05d}.pt every this many steps and at the last "
+                            "step (build-nanogpt: 5000); 0 = off")
+    keep_last: int = _f(0, "step checkpoints model_*.pt to keep, newest first (older ones are deleted); 0 = all")
     init_from: str = _f("scratch", "'scratch' (new model), 'resume' (out_dir/ckpt.pt), a GPT-2 name ('gpt2', "
                         "'gpt2-medium', 'gpt2-large', 'gpt2-xl') or a Hugging Face GPT-2 folder")
     # --- wandb ---------------------------------------------------------------------------------------------
@@ -69,6 +72,8 @@ class TrainConfig:
     beta1: float = _f(0.9, "AdamW beta1")
     beta2: float = _f(0.95, "AdamW beta2 (0.95 is steadier than 0.999 for LLM pretraining)")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this; 0 = off")
+    max_bad_steps: int = _f(10, "a step whose loss or gradient norm is not finite is skipped (weights untouched); "
+                            "this many in a row stop the run, leaving the last good checkpoint")
     # --- learning-rate schedule ----------------------------------------------------------------------------
     decay_lr: bool = _f(True, "warmup then cosine decay; False = constant learning_rate")
     warmup_iters: int = _f(2000, "steps of linear warmup")
@@ -261,13 +266,13 @@ def derive_batch(cfg: TrainConfig, explicit: set[str]) -> None:
 def validate(cfg: TrainConfig) -> None:
     """Checks that need no data or device: each names the key and what would be accepted."""
     positive = ["batch_size", "block_size", "n_layer", "n_head", "n_embd", "gradient_accumulation_steps",
-                "eval_interval", "log_interval", "eval_iters", "num_samples", "sample_tokens"]
+                "eval_interval", "log_interval", "eval_iters", "num_samples", "sample_tokens", "max_bad_steps"]
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise UserError(f"--{key} must be a positive integer, got {getattr(cfg, key)}")
     for key in ["learning_rate", "min_lr", "weight_decay", "grad_clip", "max_iters", "warmup_iters",
                 "lr_decay_iters", "peak_flops", "total_batch_size", "sample_interval", "hellaswag_interval",
-                "hellaswag_limit"]:
+                "hellaswag_limit", "ckpt_interval", "keep_last"]:
         if getattr(cfg, key) < 0:
             raise UserError(f"--{key} must not be negative, got {getattr(cfg, key)}")
     if cfg.n_embd % cfg.n_head:
