@@ -142,3 +142,30 @@ def test_rng_capture_restores_every_generator():
     ck.restore_rng(state)
     b = (random.random(), np.random.rand(), torch.rand(3))
     assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+def test_copies_get_the_same_bytes_and_a_failed_copy_changes_nothing(tmp_path, monkeypatch):
+    path, best = str(tmp_path / "ckpt.pt"), str(tmp_path / "ckpt_best.pt")
+    ck.save_checkpoint(path, {"model": {}, "model_args": ARGS, "iter_num": 1}, copies=[best])
+    assert open(path, "rb").read() == open(best, "rb").read()
+    before = {p: open(p, "rb").read() for p in (path, best)}
+
+    def full_disk(src, dst):
+        open(dst, "wb").write(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ck.shutil, "copyfile", full_disk)
+    with pytest.raises(UserError, match=f"cannot write checkpoint {path}: No space left on device"):
+        ck.save_checkpoint(path, {"model": {}, "model_args": ARGS, "iter_num": 2}, copies=[best])
+    assert {p: open(p, "rb").read() for p in (path, best)} == before
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt_best.pt"]
+
+
+def test_rotation_keeps_the_newest_step_checkpoints(tmp_path):
+    for step in (5, 10, 15, 100000):
+        (tmp_path / ck.step_checkpoint_name(step)).write_bytes(b"x")
+    (tmp_path / "model_final.pt").write_bytes(b"x")  # not a step checkpoint: never touched
+    assert ck.rotate_step_checkpoints(str(tmp_path), 0) == []
+    removed = ck.rotate_step_checkpoints(str(tmp_path), 2)
+    assert [os.path.basename(p) for p in removed] == ["model_00005.pt", "model_00010.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["model_00015.pt", "model_100000.pt", "model_final.pt"]

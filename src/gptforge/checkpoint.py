@@ -8,41 +8,146 @@ pickled code. nanoGPT's own checkpoints load as they are.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import re
+import shutil
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from gptforge.data.loader import ShardedBatches
+from gptforge.distributed import DistEnv
 from gptforge.errors import UserError
 
 FORMAT_VERSION = 1
 _PREFIXES = ("_orig_mod.", "module.")  # added by torch.compile and by DDP wrappers
+_TMP = re.compile(r"\..+\.pt\.(\d+)\.tmp")  # save_checkpoint's temporary files: .<name>.<pid>.tmp
+_STEP = re.compile(r"model_(\d{5,})\.pt")
 
 
-def save_checkpoint(path: str, state: dict[str, Any]) -> None:
+def save_checkpoint(path: str, state: dict[str, Any], copies: Sequence[str] = ()) -> None:
     """Write to a temporary file in the same folder, fsync, rename over `path`, fsync the folder.
 
-    A crash at any moment leaves either the previous checkpoint or the new one, never a torn file.
+    A crash at any moment leaves either the previous checkpoint or the new one, never a torn file. `copies`
+    (other paths in the same folder, e.g. the best or a step checkpoint) get the same bytes, each written the
+    same way before `path` itself is replaced.
     """
     folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    tmps = [_tmp_name(p) for p in (*copies, path)]
     try:
-        with open(tmp, "wb") as fh:
+        with open(tmps[-1], "wb") as fh:
             torch.save(state, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise UserError(f"cannot write checkpoint {path}: {e.strerror}; the previous checkpoint is intact") from None
-    fd = os.open(folder, os.O_RDONLY)
+        for tmp, target in zip(tmps[:-1], copies, strict=True):
+            shutil.copyfile(tmps[-1], tmp)
+            _fsync_file(tmp)
+            os.replace(tmp, target)
+        os.replace(tmps[-1], path)
+    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError from its OSError
+        for tmp in tmps:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        cause = e
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise  # not the disk's fault: a bug to see in full
+        raise UserError(f"cannot write checkpoint {path}: {cause.strerror}; the previous checkpoint is intact. Free "
+                        "disk space (or choose another --out_dir) and continue with --init_from=resume") from None
+    _fsync_file(folder)  # make the renames themselves durable
+
+
+def _tmp_name(path: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)  # make the rename itself durable
+        os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_stale_temporaries(folder: str) -> list[str]:
+    """Delete temporary checkpoint files left by writers that were killed mid-write (their process is gone)."""
+    removed = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        match = _TMP.fullmatch(name)
+        if not match or _alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(folder, name))
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def step_checkpoint_name(step: int) -> str:
+    return f"model_{step:05d}.pt"
+
+
+def step_checkpoints(folder: str) -> list[tuple[int, str]]:
+    """(step, path) of the step checkpoints model_NNNNN.pt in `folder`, oldest first."""
+    found = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        match = _STEP.fullmatch(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(folder, name)))
+    return sorted(found)
+
+
+def rotate_step_checkpoints(folder: str, keep_last: int) -> list[str]:
+    """Keep the newest `keep_last` step checkpoints (0 = all); returns the paths deleted."""
+    found = step_checkpoints(folder)
+    old = [path for _, path in found[:-keep_last]] if keep_last > 0 else []
+    for path in old:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+    return old
+
+
+def load_resumable(out_dir: str, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], str, list[str]]:
+    """The checkpoint to resume from: ckpt.pt, or when it is missing or unreadable the newest readable of the
+    step checkpoints and ckpt_best.pt (by the step stored in them). Returns (checkpoint, path, problems), where
+    problems describe the files passed over; a clear error when none can be read."""
+    main = os.path.join(out_dir, "ckpt.pt")
+    problems = []
+    try:
+        return load_checkpoint(main, map_location), main, problems
+    except UserError as e:
+        problems.append(str(e))
+    readable = []
+    for group in ([path for _, path in reversed(step_checkpoints(out_dir))], [os.path.join(out_dir, "ckpt_best.pt")]):
+        for path in filter(os.path.isfile, group):  # newest first: the first readable one of a group wins
+            try:
+                ckpt = load_checkpoint(path, map_location)
+            except UserError as e:
+                problems.append(str(e))
+                continue
+            readable.append((int(ckpt.get("iter_num", 0)), path, ckpt))
+            break
+    if not readable:
+        raise UserError(" / ".join(problems) + f"; no other readable checkpoint in {out_dir}: start again with "
+                        "--init_from=scratch")
+    _, path, ckpt = max(readable, key=lambda r: r[0])
+    return ckpt, path, problems
 
 
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -109,3 +214,53 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool):
+    """Model and optimizer state as one process would hold them. Under FSDP the shards are gathered (to CPU)
+    and the optimizer state is keyed by parameter name ('fqn'); otherwise torch's own state dicts."""
+    if not fsdp:
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def load_optimizer_state(model, optimizer, ckpt: dict[str, Any], fsdp: bool, path: str) -> None:
+    """Resume the optimizer from a checkpoint written by one process / DDP ('torch') or by FSDP ('fqn')."""
+    fqn = ckpt.get("optimizer_format") == "fqn"
+    if not fqn and not fsdp:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        return
+    if not fqn:
+        raise UserError(f"{path} was written without FSDP: resume it with --parallel=ddp (its model weights load "
+                        "anywhere; only the optimizer state is laid out for DDP)")
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
+
+
+def gather(obj: Any, env: DistEnv) -> list[Any]:
+    """Every rank's `obj`, in rank order (all ranks must call)."""
+    if not env.ddp:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def restore_run_state(ckpt: dict[str, Any], env: DistEnv, batches) -> None:
+    """This rank's RNGs and data position from a checkpoint, when it was written with the same world size.
+
+    A sharded loader's position is global, so it carries over to another world size; RNG states and the
+    random loader's (which is the global generator's state) only fit the rank that saved them.
+    """
+    same_world = len(ckpt.get("rng_per_rank") or [ckpt.get("rng")]) == env.world_size
+    if same_world and ckpt.get("rng") is not None:
+        restore_rng((ckpt.get("rng_per_rank") or [ckpt["rng"]])[env.rank])
+    data = ckpt.get("data_state") or {}
+    state = (data.get("train_per_rank") or [data.get("train")])[env.rank] if same_world else data.get("train")
+    if state and state.get("kind") == ("sharded" if isinstance(batches, ShardedBatches) else "random"):
+        if same_world or state["kind"] == "sharded":
+            batches.load_state_dict(state)  # after the RNGs: the random loader's state is torch's generator

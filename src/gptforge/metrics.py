@@ -59,12 +59,16 @@ class Metrics:
         if not self.enabled:
             return
         record = {"step": step, "kind": kind, **values, "time": round(time.time(), 3)}
-        self.jsonl.write(json.dumps(record, allow_nan=True) + "\n")
-        self.jsonl.flush()
         line = _txt_line(step, kind, values)
-        if line:
-            self.txt.write(line + "\n")
-            self.txt.flush()
+        try:
+            self.jsonl.write(json.dumps(record, allow_nan=True) + "\n")
+            self.jsonl.flush()
+            if line:
+                self.txt.write(line + "\n")
+                self.txt.flush()
+        except OSError as e:  # e.g. the disk filled up: stop with the checkpoints written so far intact
+            raise UserError(f"cannot write {self.jsonl_path} / {self.txt_path}: {e.strerror}; free space or "
+                            "choose another --out_dir, then continue with --init_from=resume") from None
         print(_console_line(step, kind, values), flush=True)
         numbers = {f"{kind}/{k}": v for k, v in values.items() if isinstance(v, (int, float)) and v is not None}
         if self.wandb_run is not None:
@@ -133,6 +137,9 @@ def _console_line(step: int, kind: str, v: dict[str, Any]) -> str:
         return f"step {step}: train loss {v['train_loss']:.4f}, val loss {v['val_loss']:.4f}"
     if kind == "hellaswag":
         return f"step {step}: hellaswag acc_norm {v['acc_norm']:.4f}, acc {v['acc']:.4f} ({v['n']} examples)"
+    if kind == "skip":
+        return (f"iter {step}: skipped, loss {v['loss']:.4g}, norm {v['grad_norm']:.4g} not finite; weights unchanged "
+                f"({v['in_a_row']} in a row, the run stops at {v['max_bad_steps']})")
     if kind == "end":
         return f"step {step}: done ({v.get('reason', '')})"
     return f"step {step}: {kind} " + ", ".join(f"{k} {val}" for k, val in v.items())
@@ -165,9 +172,9 @@ def _keep_before(path: str, parse, resume_step: int | None) -> None:
     if resume_step is not None and os.path.exists(path):
         with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                step = parse(line)
+                step = parse(line) if line.endswith("\n") else None  # no newline: torn by a crash mid-write
                 if step is not None and step < resume_step:
-                    kept.append(line if line.endswith("\n") else line + "\n")
+                    kept.append(line)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.writelines(kept)

@@ -24,7 +24,19 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gptforge.checkpoint import FORMAT_VERSION, capture_rng, load_checkpoint, load_model_state, restore_rng
+from gptforge.checkpoint import (
+    FORMAT_VERSION,
+    capture_rng,
+    full_states,
+    gather,
+    load_model_state,
+    load_optimizer_state,
+    load_resumable,
+    remove_stale_temporaries,
+    restore_run_state,
+    rotate_step_checkpoints,
+    step_checkpoint_name,
+)
 from gptforge.checkpoint import save_checkpoint as write_checkpoint
 from gptforge.config import FIELDS, TrainConfig
 from gptforge.data.loader import RandomBatches, ShardedBatches, dataset_dir, read_meta, split_files
@@ -73,8 +85,12 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
     meta = read_meta(folder)
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    ckpt = load_checkpoint(ckpt_path, map_location=env.device) if cfg.init_from == "resume" else None
-    model, model_args = build_model(cfg, meta, ckpt, ckpt_path)
+    ckpt, source = None, ckpt_path
+    if cfg.init_from == "resume":
+        ckpt, source, problems = load_resumable(cfg.out_dir, map_location=env.device)
+        if problems and env.is_main:
+            print(f"{'; '.join(problems)}\nresuming from {source} (iter {ckpt['iter_num']}) instead", flush=True)
+    model, model_args = build_model(cfg, meta, ckpt, source)
     if env.rank:
         torch.manual_seed(cfg.seed + env.rank)  # then each rank its own stream: batches and dropout differ
     model.to(env.device)
@@ -115,7 +131,7 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         train_batches = random_batches["train"]
         eval_loaders, eval_iters = (lambda: random_batches), cfg.eval_iters
     if ckpt is not None:
-        load_optimizer_state(model, optimizer, ckpt, fsdp, ckpt_path)
+        load_optimizer_state(model, optimizer, ckpt, fsdp, source)
         if ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         iter_num, best_val_loss = int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
@@ -167,42 +183,55 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     )
     peak = peak_flops(env.device, cfg.dtype, cfg.peak_flops) if env.is_main else 1.0  # only rank 0 reports MFU
 
-    def checkpoint(reason: str) -> None:
+    def checkpoint(reason: str, latest: bool = True, best: bool = False, step: int | None = None) -> None:
+        """ckpt.pt (latest), ckpt_best.pt and the step checkpoint model_{step:05d}.pt, as asked: one state."""
         rngs, data_states = gather(capture_rng(), env), gather(next_data_state, env)  # every rank's, on rank 0
         model_state, optimizer_state = full_states(raw_model, optimizer, fsdp)  # all ranks take part under FSDP
         if not env.is_main:
             return
-        write_checkpoint(ckpt_path, {
+        paths = [ckpt_path] if latest else []
+        paths += [os.path.join(cfg.out_dir, "ckpt_best.pt")] if best else []
+        paths += [os.path.join(cfg.out_dir, step_checkpoint_name(step))] if step is not None else []
+        write_checkpoint(paths[0], {
             "model": model_state, "optimizer": optimizer_state, "optimizer_format": "fqn" if fsdp else "torch",
             "model_args": model_args,
             "iter_num": iter_num, "best_val_loss": best_val_loss, "config": dataclasses.asdict(cfg),
             "scaler": scaler.state_dict(), "rng": rngs[0], "rng_per_rank": rngs,
             "data_state": {"train": data_states[0], "train_per_rank": data_states},
             "tokenizer": tokenizer_spec(meta), "wandb_run_id": metrics.wandb_id, "format_version": FORMAT_VERSION,
-        })
-        metrics.info(f"saved checkpoint {ckpt_path} at iter {iter_num} ({reason})")
+        }, copies=paths[1:])
+        if step is not None:
+            rotate_step_checkpoints(cfg.out_dir, cfg.keep_last)
+        names = ", ".join(os.path.basename(p) for p in paths)
+        metrics.info(f"saved checkpoint {names} in {cfg.out_dir} at iter {iter_num} ({reason})")
 
     next_data_state = train_batches.state_dict()  # the state that yields X, Y below: what a resume must restore
     X, Y = train_batches.next_batch()
     losses: dict[str, float] = {}
     step_time, steps_timed, ema_dt, running_mfu = 0.0, 0, None, -1.0
-    stop = StopFlag(env)
+    stop, bad_steps, start_iter = StopFlag(env), 0, iter_num
     with stop, cleanup:
         while True:
             lr = get_lr(iter_num, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr, cfg.decay_lr)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             last = iter_num >= cfg.max_iters
-            saved = False
+            write_latest = improved = False
             if (iter_num % cfg.eval_interval == 0 or last or cfg.eval_only) and not stop.requested:
                 reduce = (lambda t: all_reduce_mean(t, env)) if env.ddp else None
                 losses = estimate_loss(model, eval_loaders(), eval_iters, ctx, reduce=reduce)
                 metrics.log(iter_num, "eval", train_loss=losses["train"], val_loss=losses["val"], lr=lr)
                 improved = losses["val"] < best_val_loss
                 best_val_loss = min(best_val_loss, losses["val"])
-                if (improved or cfg.always_save_checkpoint) and iter_num > 0 and not cfg.eval_only:
-                    checkpoint("val loss improved" if improved else "always_save_checkpoint")
-                    saved = True
+                write_latest = improved or cfg.always_save_checkpoint
+            # build-nanogpt's names: model_05000.pt after 5000 steps; the last one is named for the last step taken
+            step_ckpt = cfg.ckpt_interval > 0 and (iter_num % cfg.ckpt_interval == 0 or last) and not stop.requested
+            fresh = iter_num > start_iter and not cfg.eval_only  # the state resumed from is on disk already
+            saved = fresh and write_latest
+            if fresh and (write_latest or step_ckpt):
+                reason = "val loss improved" if improved else "always_save_checkpoint" if saved else "ckpt_interval"
+                checkpoint(reason, latest=write_latest, best=improved,
+                           step=(iter_num - 1 if last else iter_num) if step_ckpt else None)
             if cfg.hellaswag_interval > 0 and (iter_num % cfg.hellaswag_interval == 0 or last) and not stop.requested:
                 # the uncompiled model: evaluation shapes vary, and compiling each of them would cost more
                 hs = evaluate_hellaswag(raw_model, hs_tok, hs_examples, env.device, ctx, rank=env.rank,
@@ -223,16 +252,31 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
             t0 = time.perf_counter()
             loss_sum, X, Y, next_data_state = accumulate_gradients(model, X, Y, train_batches, accum, ctx, scaler,
                                                                    sync)
-            grad_norm = None
-            if cfg.grad_clip > 0:
-                scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
-                grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-                grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP
-            scaler.step(optimizer)
+            scaler.unscale_(optimizer)  # clip and check the true gradients, not the loss-scaled ones
+            # the norm is measured even without clipping (an infinite max_norm scales by exactly 1): the NaN guard
+            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or math.inf)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP
+            if step_is_finite(loss_sum, grad_norm, scaler.is_enabled(), env):
+                scaler.step(optimizer)
+                bad_steps = 0
+            else:  # the weights and the optimizer state stay as they were
+                bad_steps += 1
+                metrics.log(iter_num, "skip", loss=all_reduce_mean(loss_sum, env).item(), grad_norm=float(grad_norm),
+                            in_a_row=bad_steps, max_bad_steps=cfg.max_bad_steps)
+                if bad_steps >= cfg.max_bad_steps:
+                    raise UserError(
+                        f"iter {iter_num}: the loss or gradient norm was not finite {bad_steps} steps in a row "
+                        f"(--max_bad_steps={cfg.max_bad_steps}); they were skipped and the run stops here. The last "
+                        f"good checkpoint is intact in {cfg.out_dir}: try a lower --learning_rate, --grad_clip, or "
+                        "dtype float32 / bfloat16 before continuing with --init_from=resume"
+                    )
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
 
-            if iter_num % cfg.log_interval == 0:
+            if bad_steps:
+                step_time += time.perf_counter() - t0
+                steps_timed += 1
+            elif iter_num % cfg.log_interval == 0:
                 lossf = all_reduce_mean(loss_sum, env).item()  # the one host sync of a logged step
                 step_time += time.perf_counter() - t0
                 steps_timed += 1
@@ -243,8 +287,7 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
                     mfu = raw_model.estimate_mfu(cfg.batch_size * accum, dt, peak)
                     running_mfu = mfu if running_mfu < 0 else 0.9 * running_mfu + 0.1 * mfu
                 metrics.log(
-                    iter_num, "train", loss=lossf, lr=lr,
-                    grad_norm=float(grad_norm) if grad_norm is not None else None,
+                    iter_num, "train", loss=lossf, lr=lr, grad_norm=float(grad_norm),
                     ms_per_iter=dt * 1000, tokens_per_s=tokens_per_iter / dt,
                     mfu=running_mfu if running_mfu >= 0 else None, eta_s=ema_dt * (cfg.max_iters - iter_num - 1),
                 )
@@ -254,6 +297,19 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
             iter_num += 1
             stop.sync()
     return {"iter_num": iter_num, "best_val_loss": best_val_loss, "losses": losses}
+
+
+def step_is_finite(loss_sum: torch.Tensor, grad_norm: torch.Tensor, scaled: bool, env: DistEnv) -> bool:
+    """Whether this step may reach the weights: a finite loss and gradient norm on every rank.
+
+    Under float16 loss scaling an infinite gradient is the GradScaler's business (it skips the step and lowers
+    the scale), so only the loss counts then. One host sync per step; all ranks agree.
+    """
+    bad = torch.stack([~torch.isfinite(loss_sum.detach().float()),
+                       ~torch.isfinite(grad_norm.float()) & (not scaled)]).any().float()
+    if env.ddp:
+        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+    return not bad.item()
 
 
 class Sampler:
@@ -281,56 +337,6 @@ class Sampler:
         finally:
             model.train(was_training)
         return [self.tok.decode(row.tolist()) for row in out]
-
-
-def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool):
-    """Model and optimizer state as one process would hold them. Under FSDP the shards are gathered (to CPU)
-    and the optimizer state is keyed by parameter name ('fqn'); otherwise torch's own state dicts."""
-    if not fsdp:
-        return model.state_dict(), optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
-
-
-def load_optimizer_state(model, optimizer, ckpt: dict[str, Any], fsdp: bool, path: str) -> None:
-    """Resume the optimizer from a checkpoint written by one process / DDP ('torch') or by FSDP ('fqn')."""
-    fqn = ckpt.get("optimizer_format") == "fqn"
-    if not fqn and not fsdp:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        return
-    if not fqn:
-        raise UserError(f"{path} was written without FSDP: resume it with --parallel=ddp (its model weights load "
-                        "anywhere; only the optimizer state is laid out for DDP)")
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
-
-
-def gather(obj: Any, env: DistEnv) -> list[Any]:
-    """Every rank's `obj`, in rank order (all ranks must call)."""
-    if not env.ddp:
-        return [obj]
-    out: list[Any] = [None] * env.world_size
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
-def restore_run_state(ckpt: dict[str, Any], env: DistEnv, batches) -> None:
-    """This rank's RNGs and data position from a checkpoint, when it was written with the same world size.
-
-    A sharded loader's position is global, so it carries over to another world size; RNG states and the
-    random loader's (which is the global generator's state) only fit the rank that saved them.
-    """
-    same_world = len(ckpt.get("rng_per_rank") or [ckpt.get("rng")]) == env.world_size
-    if same_world and ckpt.get("rng") is not None:
-        restore_rng((ckpt.get("rng_per_rank") or [ckpt["rng"]])[env.rank])
-    data = ckpt.get("data_state") or {}
-    state = (data.get("train_per_rank") or [data.get("train")])[env.rank] if same_world else data.get("train")
-    if state and state.get("kind") == ("sharded" if isinstance(batches, ShardedBatches) else "random"):
-        if same_world or state["kind"] == "sharded":
-            batches.load_state_dict(state)  # after the RNGs: the random loader's state is torch's generator
 
 
 def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | None, ckpt_path: str):
@@ -385,6 +391,7 @@ def prepare_out_dir(cfg: TrainConfig) -> None:
     """Create out_dir and write the resolved config.json (atomically)."""
     try:
         os.makedirs(cfg.out_dir, exist_ok=True)
+        remove_stale_temporaries(cfg.out_dir)  # left by a run killed while writing a checkpoint
         path = os.path.join(cfg.out_dir, "config.json")
         with open(path + ".tmp", "w", encoding="utf-8") as fh:
             json.dump(dataclasses.asdict(cfg), fh, indent=2)
