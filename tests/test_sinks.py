@@ -133,3 +133,21 @@ def test_train_with_dashboard_serves_its_run(char_data, tmp_path):
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
     assert proc.returncode == 0
+
+
+def test_resumed_run_continues_the_same_wandb_run(char_data, tmp_path, monkeypatch):
+    """The wandb run id travels in the checkpoint: a resume logs into the same run, not a new one."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    common = dict(max_iters=6, lr_decay_iters=6, eval_interval=3, wandb_log=True, wandb_project="p")
+    run(char_data, tmp_path / "r", **{**common, "max_iters": 3})
+    from gptforge.checkpoint import load_checkpoint
+
+    run_id = load_checkpoint(str(tmp_path / "r/ckpt.pt"))["wandb_run_id"]
+    assert run_id
+    run(char_data, tmp_path / "r", **common, init_from="resume")
+    assert load_checkpoint(str(tmp_path / "r/ckpt.pt"))["wandb_run_id"] == run_id
+    folders = glob.glob(str(tmp_path / "wandb/offline-run-*"))
+    assert len(folders) == 2 and all(f.endswith(f"-{run_id}") for f in folders)

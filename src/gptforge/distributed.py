@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from dataclasses import dataclass
 
@@ -180,3 +181,51 @@ def peak_flops(device: str, dtype: str, configured: float = 0.0) -> float:
             if key in name and dtype in table:
                 return table[dtype]
     return measure_matmul_flops(device, dtype)
+
+
+def step_is_finite(loss_sum: torch.Tensor, grad_norm: torch.Tensor, scaled: bool, env: DistEnv) -> bool:
+    """Whether this step may reach the weights: a finite loss and gradient norm on every rank.
+
+    Under float16 loss scaling an infinite gradient is the GradScaler's business (it skips the step and lowers
+    the scale), so only the loss counts then. One host sync per step; all ranks agree.
+    """
+    bad = torch.stack([~torch.isfinite(loss_sum.detach().float()),
+                       ~torch.isfinite(grad_norm.float()) & (not scaled)]).any().float()
+    if env.ddp:
+        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+    return not bad.item()
+
+
+class StopFlag(contextlib.AbstractContextManager):
+    """SIGINT / SIGTERM ask the loop to stop after the current step; a second signal stops at once.
+
+    Under DDP every rank must stop at the same step, so `sync()` takes the max of the flag over ranks.
+    """
+
+    def __init__(self, env: DistEnv):
+        self.env, self.requested, self._previous = env, False, {}
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.env.is_main:
+            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
+                  "(send it again to stop at once)", flush=True)
+
+    def __enter__(self):
+        with contextlib.suppress(ValueError):  # signals can only be handled in the main thread
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return None
+
+    def sync(self) -> None:
+        if self.env.ddp:
+            flag = torch.tensor(float(self.requested), device=self.env.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            self.requested = bool(flag.item())

@@ -12,15 +12,17 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from gptforge.checkpoint import load_checkpoint, load_model_state
+from gptforge.config import FIELDS, TrainConfig
 from gptforge.data.loader import read_meta
-from gptforge.distributed import autocast_context, resolve_device, resolve_dtype
+from gptforge.distributed import DistEnv, autocast_context, resolve_device, resolve_dtype
 from gptforge.errors import UserError
 from gptforge.model import GPT, MODEL_ARGS, GPTConfig
-from gptforge.tokenizer import Tokenizer, from_spec
+from gptforge.tokenizer import Tokenizer, from_spec, tokenizer_spec
 
 SEPARATOR = "---------------"
 
@@ -140,3 +142,30 @@ def sample(args: SampleArgs, out=None) -> list[str]:
         out.flush()
         texts.append(text)
     return texts
+
+
+class Sampler:
+    """Text samples during training from a private generator (seed 42 + rank): training's RNG is untouched."""
+
+    def __init__(self, cfg: TrainConfig, meta: dict[str, Any], env: DistEnv):
+        self.tok, self.text = from_spec(tokenizer_spec(meta)), cfg.sample_prompt
+        try:
+            self.prompt = self.tok.encode(cfg.sample_prompt) or [self.tok.eot_token or 0]
+        except UserError as e:
+            if cfg.sample_prompt != FIELDS["sample_prompt"].default:
+                raise UserError(f"--sample_prompt: {e}") from None
+            # build-nanogpt's default prompt, for a character vocabulary that lacks some of its letters
+            self.text, self.prompt = self.tok.decode([0]), [0]
+        self.n, self.tokens, self.device = cfg.num_samples, cfg.sample_tokens, env.device
+        self.generator = torch.Generator(device=env.device).manual_seed(42 + env.rank)
+
+    def sample(self, model: GPT, ctx) -> list[str]:
+        idx = torch.tensor([self.prompt] * self.n, dtype=torch.long, device=self.device)  # (n, T)
+        was_training = model.training
+        model.eval()
+        try:
+            with ctx:
+                out = model.generate(idx, self.tokens, temperature=1.0, top_k=50, generator=self.generator)
+        finally:
+            model.train(was_training)
+        return [self.tok.decode(row.tolist()) for row in out]

@@ -118,3 +118,8 @@ def _encoding_from_files(bpe_dir: str):
     return tiktoken.Encoding(
         name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": GPT2_EOT}
     )
+
+
+def tokenizer_spec(meta: dict[str, Any]) -> dict[str, Any]:
+    """The spec `from_spec` reads, from a dataset's meta (checkpoints store it)."""
+    return {"tokenizer": meta["tokenizer"], **({"itos": meta["itos"]} if meta["tokenizer"] == "char" else {})}

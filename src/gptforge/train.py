@@ -17,7 +17,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import time
 from typing import Any
 
@@ -38,10 +37,11 @@ from gptforge.checkpoint import (
     step_checkpoint_name,
 )
 from gptforge.checkpoint import save_checkpoint as write_checkpoint
-from gptforge.config import FIELDS, TrainConfig
+from gptforge.config import TrainConfig
 from gptforge.data.loader import RandomBatches, ShardedBatches, dataset_dir, read_meta, split_files
 from gptforge.distributed import (
     DistEnv,
+    StopFlag,
     all_reduce_mean,
     autocast_context,
     configure_backends,
@@ -49,6 +49,7 @@ from gptforge.distributed import (
     resolve_compile,
     resolve_dtype,
     setup_distributed,
+    step_is_finite,
     teardown,
 )
 from gptforge.errors import UserError
@@ -57,7 +58,8 @@ from gptforge.evaluate.loss import estimate_loss
 from gptforge.metrics import Metrics
 from gptforge.model import GPT, MODEL_ARGS, GPTConfig
 from gptforge.optim import accumulate_gradients, configure_optimizer, get_lr
-from gptforge.tokenizer import from_spec
+from gptforge.sample import Sampler
+from gptforge.tokenizer import from_spec, tokenizer_spec
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -299,46 +301,6 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     return {"iter_num": iter_num, "best_val_loss": best_val_loss, "losses": losses}
 
 
-def step_is_finite(loss_sum: torch.Tensor, grad_norm: torch.Tensor, scaled: bool, env: DistEnv) -> bool:
-    """Whether this step may reach the weights: a finite loss and gradient norm on every rank.
-
-    Under float16 loss scaling an infinite gradient is the GradScaler's business (it skips the step and lowers
-    the scale), so only the loss counts then. One host sync per step; all ranks agree.
-    """
-    bad = torch.stack([~torch.isfinite(loss_sum.detach().float()),
-                       ~torch.isfinite(grad_norm.float()) & (not scaled)]).any().float()
-    if env.ddp:
-        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-    return not bad.item()
-
-
-class Sampler:
-    """Text samples during training from a private generator (seed 42 + rank): training's RNG is untouched."""
-
-    def __init__(self, cfg: TrainConfig, meta: dict[str, Any], env: DistEnv):
-        self.tok, self.text = from_spec(tokenizer_spec(meta)), cfg.sample_prompt
-        try:
-            self.prompt = self.tok.encode(cfg.sample_prompt) or [self.tok.eot_token or 0]
-        except UserError as e:
-            if cfg.sample_prompt != FIELDS["sample_prompt"].default:
-                raise UserError(f"--sample_prompt: {e}") from None
-            # build-nanogpt's default prompt, for a character vocabulary that lacks some of its letters
-            self.text, self.prompt = self.tok.decode([0]), [0]
-        self.n, self.tokens, self.device = cfg.num_samples, cfg.sample_tokens, env.device
-        self.generator = torch.Generator(device=env.device).manual_seed(42 + env.rank)
-
-    def sample(self, model: GPT, ctx) -> list[str]:
-        idx = torch.tensor([self.prompt] * self.n, dtype=torch.long, device=self.device)  # (n, T)
-        was_training = model.training
-        model.eval()
-        try:
-            with ctx:
-                out = model.generate(idx, self.tokens, temperature=1.0, top_k=50, generator=self.generator)
-        finally:
-            model.train(was_training)
-        return [self.tok.decode(row.tolist()) for row in out]
-
-
 def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | None, ckpt_path: str):
     """A new model sized from the config and the dataset's vocabulary, the checkpoint's model on resume, or
     GPT-2's weights."""
@@ -383,10 +345,6 @@ def pretrained_model(cfg: TrainConfig, meta: dict[str, Any]):
     return model, {k: model_args[k] for k in MODEL_ARGS}
 
 
-def tokenizer_spec(meta: dict[str, Any]) -> dict[str, Any]:
-    return {"tokenizer": meta["tokenizer"], **({"itos": meta["itos"]} if meta["tokenizer"] == "char" else {})}
-
-
 def prepare_out_dir(cfg: TrainConfig) -> None:
     """Create out_dir and write the resolved config.json (atomically)."""
     try:
@@ -399,38 +357,3 @@ def prepare_out_dir(cfg: TrainConfig) -> None:
         os.replace(path + ".tmp", path)
     except OSError as e:
         raise UserError(f"--out_dir={cfg.out_dir}: cannot write there ({e.strerror}); choose another folder") from None
-
-
-class StopFlag(contextlib.AbstractContextManager):
-    """SIGINT / SIGTERM ask the loop to stop after the current step; a second signal stops at once.
-
-    Under DDP every rank must stop at the same step, so `sync()` takes the max of the flag over ranks.
-    """
-
-    def __init__(self, env: DistEnv):
-        self.env, self.requested, self._previous = env, False, {}
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        if self.env.is_main:
-            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint "
-                  "(send it again to stop at once)", flush=True)
-
-    def __enter__(self):
-        with contextlib.suppress(ValueError):  # signals can only be handled in the main thread
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        return None
-
-    def sync(self) -> None:
-        if self.env.ddp:
-            flag = torch.tensor(float(self.requested), device=self.env.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            self.requested = bool(flag.item())
