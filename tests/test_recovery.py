@@ -199,3 +199,16 @@ def test_a_line_torn_by_a_crash_is_dropped_on_resume(tmp_path, torn):
     lines = (tmp_path / "log.txt").read_text().splitlines()
     assert lines[-1] == "11 train 2.000000" and len(lines) == 12
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == list(range(12))
+
+
+def test_a_full_disk_under_the_metrics_files_is_a_clear_error(tmp_path):
+    """/dev/full refuses every write with ENOSPC, as a full disk does."""
+    from gptforge.errors import UserError
+    from gptforge.metrics import Metrics
+
+    m = Metrics(str(tmp_path))
+    m.jsonl.close()
+    m.jsonl = open("/dev/full", "w")
+    with pytest.raises(UserError, match="No space left on device; free space or choose another --out_dir"):
+        m.log(3, "train", loss=2.0, lr=1e-3, ms_per_iter=1.0)
+    m.close()

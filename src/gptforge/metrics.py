@@ -14,6 +14,7 @@ the rest (it evaluates step N again), so no step appears twice. Only rank 0 writ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -59,16 +60,10 @@ class Metrics:
         if not self.enabled:
             return
         record = {"step": step, "kind": kind, **values, "time": round(time.time(), 3)}
+        _append(self.jsonl, json.dumps(record, allow_nan=True))
         line = _txt_line(step, kind, values)
-        try:
-            self.jsonl.write(json.dumps(record, allow_nan=True) + "\n")
-            self.jsonl.flush()
-            if line:
-                self.txt.write(line + "\n")
-                self.txt.flush()
-        except OSError as e:  # e.g. the disk filled up: stop with the checkpoints written so far intact
-            raise UserError(f"cannot write {self.jsonl_path} / {self.txt_path}: {e.strerror}; free space or "
-                            "choose another --out_dir, then continue with --init_from=resume") from None
+        if line:
+            _append(self.txt, line)
         print(_console_line(step, kind, values), flush=True)
         numbers = {f"{kind}/{k}": v for k, v in values.items() if isinstance(v, (int, float)) and v is not None}
         if self.wandb_run is not None:
@@ -82,8 +77,7 @@ class Metrics:
         if not self.enabled:
             return
         record = {"step": step, "prompt": prompt, "samples": texts, "time": round(time.time(), 3)}
-        self.samples.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self.samples.flush()
+        _append(self.samples, json.dumps(record, ensure_ascii=False))
         print(f"step {step}: samples", *[f"  > {t!r}" for t in texts], sep="\n", flush=True)
         joined = "\n\n---\n\n".join(texts)
         if self.wandb_run is not None:
@@ -99,15 +93,24 @@ class Metrics:
     def close(self) -> None:
         if not self.enabled:
             return
-        self.jsonl.close()
-        self.txt.close()
-        self.samples.close()
+        for fh in (self.jsonl, self.txt, self.samples):
+            with contextlib.suppress(OSError):  # a full disk was reported where it happened; closing goes on
+                fh.close()
         if self.tb is not None:
             self.tb.close()
             self.tb = None
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
+
+
+def _append(fh, line: str) -> None:
+    try:
+        fh.write(line + "\n")
+        fh.flush()
+    except OSError as e:  # e.g. the disk filled up: stop with the checkpoints written so far intact
+        raise UserError(f"cannot write {fh.name}: {e.strerror}; free space or choose another --out_dir, then "
+                        "continue with --init_from=resume") from None
 
 
 def _txt_line(step: int, kind: str, values: dict[str, Any]) -> str | None:
