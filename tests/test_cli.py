@@ -69,7 +69,9 @@ def test_help_lists_options_with_defaults(command):
     r = run_cli(command, "--help")
     assert r.returncode == 0 and r.stderr == ""
     expected = {"prepare": ["--data_dir", "(default: data)", "--input"],
-                "train": ["--batch_size=12", "--dropout=0.0", "--init_from='scratch'", "--total_batch_size=0"],
+                "train": ["--batch_size=12", "--dropout=0.0", "--init_from='scratch'", "--total_batch_size=0",
+                          "--lr_schedule='cosine'", "aliases -> key", "--mini_batch_size -> batch_size",
+                          "--max_lr -> learning_rate", "--steps_per_epoch, --num_epochs -> max_iters"],
                 "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from"],
                 "export": ["--out_dir", "--to"],
                 "bench": ["--compare", "--json", "(default 5)"],
@@ -90,6 +92,8 @@ def test_console_script_and_module_agree():
     (["train", "--batchsize=3"], "unknown config key 'batchsize'; did you mean batch_size"),
     (["train", "--dataset=missing", "--device=cpu"], "gptforge prepare missing"),
     (["train", "--n_layer=two"], "n_layer must be int, got 'two'"),
+    (["train", "--num_layers=2", "--n_layer=3"], "--num_layers=2 and --n_layer=3 disagree"),
+    (["train", "--lr_schedule=cosine_restarts"], "lr_schedule must be one of cosine, linear, constant, wsd"),
     (["sample", "--out_dir=nowhere"], "checkpoint nowhere/ckpt.pt not found"),
     (["prepare", "text", "--name=x"], "needs one or more FILEs"),
     (["prepare", "shakespeare_char", "--input=missing.txt"], "input file 'missing.txt' not found"),

@@ -188,10 +188,10 @@ def run_export(args: argparse.Namespace) -> None:
 
 
 def run_train(args: list[str]) -> int:
-    from gptforge.config import help_text, load_config
+    from gptforge.config import alias_help, help_text, load_config
 
     if "-h" in args or "--help" in args:
-        print(TRAIN_USAGE + help_text())
+        print(TRAIN_USAGE + help_text() + "\n\nbuild-nanogpt's flag names (aliases -> key):\n" + alias_help())
         return 0
     cfg = load_config(args)
     from gptforge.train import train

@@ -189,7 +189,8 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     stop = StopFlag(env)
     with stop, cleanup:
         while True:
-            lr = get_lr(iter_num, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr, cfg.decay_lr)
+            lr = get_lr(iter_num, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr, cfg.decay_lr,
+                        cfg.lr_schedule, cfg.decay_frac)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             last = iter_num >= cfg.max_iters
