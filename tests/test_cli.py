@@ -154,3 +154,34 @@ def test_sample_from_a_nanogpt_run_uses_its_meta_pkl(tmp_path):
     assert r.returncode == 0, r.stderr
     text = r.stdout.removesuffix("---------------\n").removesuffix("\n")
     assert text.startswith("abc") and len(text) == 23 and set(text) <= set(chars)
+
+
+def test_build_nanogpt_flags_train_a_wsd_run_whose_evaluations_state_perplexity(char_data, tmp_path):
+    """build-nanogpt's flag names drive a real run; each step's lr is get_lr's wsd value; evals carry val_ppl."""
+    import math
+
+    from gptforge.optim import get_lr
+
+    ours = tiny_train_args(char_data, None, batch_size=None, n_layer=None, max_iters=None, lr_decay_iters=None,
+                           warmup_iters=None, learning_rate=None, eval_interval=None)
+    theirs = ["--logdir", "log", "--mini_batch_size=8", "--num_layers", "2", "--steps_per_epoch=6", "--num_epochs=2",
+              "--max_lr=3e-3", "--warmup_steps=2", "--eval_freq=6", "--sample_tokens=4"]
+    r = run_cli("train", *ours, *theirs, "--hellaswag_interval=0", "--lr_schedule=wsd", "--decay_frac=0.5",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "log"
+    config = json.loads((run / "config.json").read_text())
+    assert {k: config[k] for k in ("batch_size", "n_layer", "max_iters", "lr_decay_iters", "learning_rate",
+                                   "warmup_iters", "eval_interval", "sample_interval", "hellaswag_interval")} == {
+        "batch_size": 8, "n_layer": 2, "max_iters": 12, "lr_decay_iters": 12, "learning_rate": 3e-3,
+        "warmup_iters": 2, "eval_interval": 6, "sample_interval": 6, "hellaswag_interval": 0}
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lrs = [(x["step"], x["lr"]) for x in rows if x["kind"] == "train"]
+    assert lrs == [(s, get_lr(s, 3e-3, 2, 12, 3e-4, schedule="wsd", decay_frac=0.5)) for s in range(12)]
+    assert [x[1] for x in lrs[2:7]] == [3e-3] * 5 and lrs[-1][1] < 1e-3  # stable, then the decay
+    evals = [x for x in rows if x["kind"] == "eval"]
+    assert [x["step"] for x in evals] == [0, 6, 12]
+    for x in evals:
+        assert x["val_ppl"] == pytest.approx(math.exp(x["val_loss"])) and x["train_ppl"] > 1
+        assert f"val loss {x['val_loss']:.4f} (ppl {x['val_ppl']:.2f})" in r.stdout
+    assert [json.loads(x)["step"] for x in (run / "samples.jsonl").read_text().splitlines()] == [6, 12]
