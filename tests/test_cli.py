@@ -72,8 +72,9 @@ def test_help_lists_options_with_defaults(command):
                 "train": ["--batch_size=12", "--dropout=0.0", "--init_from='scratch'", "--total_batch_size=0",
                           "--lr_schedule='cosine'", "aliases -> key", "--mini_batch_size -> batch_size",
                           "--max_lr -> learning_rate", "--steps_per_epoch, --num_epochs -> max_iters"],
-                "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from"],
-                "export": ["--out_dir", "--to"],
+                "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from",
+                           "--ckpt PATH"],
+                "export": ["--out_dir", "--to", "--ckpt PATH"],
                 "bench": ["--compare", "--json", "(default 5)"],
                 "dashboard": ["--port", "(default: 8765)", "(default: 127.0.0.1)"]}[command]
     flat = " ".join(r.stdout.split())  # help is wrapped to the terminal width
@@ -185,3 +186,41 @@ def test_build_nanogpt_flags_train_a_wsd_run_whose_evaluations_state_perplexity(
         assert x["val_ppl"] == pytest.approx(math.exp(x["val_loss"])) and x["train_ppl"] > 1
         assert f"val loss {x['val_loss']:.4f} (ppl {x['val_ppl']:.2f})" in r.stdout
     assert [json.loads(x)["step"] for x in (run / "samples.jsonl").read_text().splitlines()] == [6, 12]
+
+
+def test_sample_and_export_read_a_checkpoint_file_given_by_ckpt(char_data, tmp_path):
+    """--ckpt: a finished run's ckpt.pt, renamed into another folder, samples and exports like the run itself;
+    the tokenizer comes from the checkpoint (the run folder and the dataset are deleted first)."""
+    import shutil
+
+    run = tmp_path / "run"
+    r = run_cli("train", *tiny_train_args(char_data, run, max_iters=9, lr_decay_iters=9, eval_interval=9))
+    assert r.returncode == 0, r.stderr
+    options = ["--start=All:", "--num_samples=2", "--max_new_tokens=20", "--device=cpu"]
+    from_run = run_cli("sample", f"--out_dir={run}", *options, cwd=tmp_path)
+    assert from_run.returncode == 0, from_run.stderr
+    kept = tmp_path / "kept" / "model_00009.pt"
+    kept.parent.mkdir()
+    shutil.copy(run / "ckpt.pt", kept)
+    shutil.rmtree(run)
+    shutil.rmtree(char_data)
+
+    r = run_cli("sample", f"--ckpt={kept}", *options, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == from_run.stdout and r.stdout.startswith("All:")
+    r = run_cli("export", "--ckpt", str(kept), "--to=hf", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"of {kept}, step 9" in r.stdout
+    exported = json.loads((tmp_path / "hf/config.json").read_text())
+    assert exported["n_layer"] == 2 and exported["n_embd"] == 32
+
+    for args, message in [
+        (["sample", "--ckpt=missing.pt"], "--ckpt=missing.pt: no such checkpoint file"),
+        (["sample", f"--ckpt={kept.parent}"], f"--ckpt={kept.parent} is a folder"),
+        (["sample", f"--ckpt={kept}", "--init_from=gpt2"], "each name the model to load; give one of them"),
+        (["export", "--ckpt=missing.pt", "--to=hf2"], "--ckpt=missing.pt: no such checkpoint file"),
+        (["eval", "hellaswag", "--ckpt=missing.pt"], "--ckpt=missing.pt: no such checkpoint file"),
+    ]:
+        r = run_cli(*args, cwd=tmp_path)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "hf2").exists()

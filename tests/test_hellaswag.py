@@ -159,6 +159,24 @@ def test_cli_one_process_and_two_torchrun_ranks_agree(tmp_path, tiktoken_cache, 
     assert (result["n"], result["correct"], result["correct_norm"]) == (n, correct, correct_norm)
 
 
+def test_cli_scores_a_checkpoint_file_given_by_ckpt(tmp_path, tiktoken_cache, hellaswag_path):
+    """--ckpt PATH: any checkpoint file (a step checkpoint, a copy elsewhere) instead of <out_dir>/ckpt.pt."""
+    import shutil
+
+    run = save_run(tmp_path / "run", {"tokenizer": "gpt2"})
+    moved = tmp_path / "elsewhere" / "model_00000.pt"
+    moved.parent.mkdir()
+    shutil.move(run / "ckpt.pt", moved)
+    r = run_cli("eval", "hellaswag", f"--ckpt={moved}", f"--hellaswag_path={hellaswag_path}", "--limit=8",
+                "--device=cpu", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    from gptforge.sample import load_checkpoint_model
+
+    model, tok, _ = load_checkpoint_model(str(moved), "cpu")
+    result = hs.evaluate_hellaswag(model, tok, hs.load_examples(str(hellaswag_path), 8), "cpu", progress=False)
+    assert parse_result(r.stdout) == (result["n"], result["correct"], result["correct_norm"]) and result["n"] == 8
+
+
 def test_cli_user_errors_exit_2(tmp_path, tiktoken_cache, hellaswag_path):
     char_run = save_run(tmp_path / "char", {"tokenizer": "char", "itos": list("abc")}, vocab_size=3)
     gpt2_run = save_run(tmp_path / "gpt2", {"tokenizer": "gpt2"})
@@ -178,7 +196,8 @@ def test_eval_help_lists_the_options():
     r = run_cli("eval", "hellaswag", "--help")
     assert r.returncode == 0 and r.stderr == ""
     flat = " ".join(r.stdout.split())
-    for text in ("--hellaswag_path", "--limit", "--batch_size", "(default: 4)", "--out_dir", "(default: out)"):
+    for text in ("--hellaswag_path", "--limit", "--batch_size", "(default: 4)", "--out_dir", "(default: out)",
+                 "--ckpt PATH"):
         assert text in flat, text
     r = run_cli("eval")
     assert r.returncode == 2 and "hellaswag" in r.stderr  # the task is required
