@@ -64,6 +64,29 @@ def test_shipped_configs_parse():
     assert (baby.dropout, baby.learning_rate, baby.max_iters) == (0.2, 1e-3, 5000)
 
 
+def test_build_nanogpt_fineweb_config_is_their_run():
+    path = ROOT / "config/train_gpt2_fineweb.py"
+    cfg = load_config([str(path)])
+    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.bias) == (12, 12, 768, 1024, True)
+    assert (cfg.dataset, cfg.out_dir, cfg.data_loader) == ("fineweb_edu", "log", "auto")
+    assert cfg.total_batch_size == 2**19 == 524288 and cfg.batch_size == 64
+    assert cfg.gradient_accumulation_steps == 8  # 64 x 1024 x 8 = 2**19: one micro-batch per GPU on 8
+    assert (cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.weight_decay) == (6e-4, 6e-5, 715, 0.1)
+    assert (cfg.max_iters, cfg.lr_decay_iters, cfg.lr_schedule, cfg.decay_lr) == (19073, 19073, "cosine", True)
+    assert cfg.max_iters * cfg.total_batch_size == pytest.approx(10e9, rel=1e-3)  # one epoch of sample-10BT
+    assert (cfg.eval_interval, cfg.hellaswag_interval, cfg.sample_interval, cfg.ckpt_interval) == (250, 250, 250, 5000)
+    assert (cfg.compile, cfg.dtype, cfg.device) == (True, "bfloat16", "cuda")
+    header = path.read_text()
+    assert "torchrun --standalone --nproc_per_node=8 -m gptforge train config/train_gpt2_fineweb.py" in header
+    assert "gptforge prepare fineweb_edu" in header and "3.29" in header and "0.2955" in header
+    # prepare's folder is the recipe's name: the config's dataset
+    from gptforge.data.shards import SHARD_RECIPES
+
+    assert cfg.dataset in SHARD_RECIPES
+    # a smaller micro-batch keeps the tokens per step
+    assert load_config([str(path), "--batch_size=32"]).gradient_accumulation_steps == 16
+
+
 def test_file_arithmetic_imports_and_order(tmp_path):
     f = tmp_path / "c.py"
     f.write_text('"""doc"""\nimport time\nbatch_size = 4 * 3\nlearning_rate = 1e-3 / 2\nout_dir = "a" + "b"\n'
