@@ -69,9 +69,12 @@ def test_help_lists_options_with_defaults(command):
     r = run_cli(command, "--help")
     assert r.returncode == 0 and r.stderr == ""
     expected = {"prepare": ["--data_dir", "(default: data)", "--input"],
-                "train": ["--batch_size=12", "--dropout=0.0", "--init_from='scratch'", "--total_batch_size=0"],
-                "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from"],
-                "export": ["--out_dir", "--to"],
+                "train": ["--batch_size=12", "--dropout=0.0", "--init_from='scratch'", "--total_batch_size=0",
+                          "--lr_schedule='cosine'", "aliases -> key", "--mini_batch_size -> batch_size",
+                          "--max_lr -> learning_rate", "--steps_per_epoch, --num_epochs -> max_iters"],
+                "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from",
+                           "--ckpt PATH"],
+                "export": ["--out_dir", "--to", "--ckpt PATH"],
                 "bench": ["--compare", "--json", "(default 5)"],
                 "dashboard": ["--port", "(default: 8765)", "(default: 127.0.0.1)"]}[command]
     flat = " ".join(r.stdout.split())  # help is wrapped to the terminal width
@@ -90,6 +93,8 @@ def test_console_script_and_module_agree():
     (["train", "--batchsize=3"], "unknown config key 'batchsize'; did you mean batch_size"),
     (["train", "--dataset=missing", "--device=cpu"], "gptforge prepare missing"),
     (["train", "--n_layer=two"], "n_layer must be int, got 'two'"),
+    (["train", "--num_layers=2", "--n_layer=3"], "--num_layers=2 and --n_layer=3 disagree"),
+    (["train", "--lr_schedule=cosine_restarts"], "lr_schedule must be one of cosine, linear, constant, wsd"),
     (["sample", "--out_dir=nowhere"], "checkpoint nowhere/ckpt.pt not found"),
     (["prepare", "text", "--name=x"], "needs one or more FILEs"),
     (["prepare", "shakespeare_char", "--input=missing.txt"], "input file 'missing.txt' not found"),
@@ -150,3 +155,96 @@ def test_sample_from_a_nanogpt_run_uses_its_meta_pkl(tmp_path):
     assert r.returncode == 0, r.stderr
     text = r.stdout.removesuffix("---------------\n").removesuffix("\n")
     assert text.startswith("abc") and len(text) == 23 and set(text) <= set(chars)
+
+
+def test_build_nanogpt_flags_train_a_wsd_run_whose_evaluations_state_perplexity(char_data, tmp_path):
+    """build-nanogpt's flag names drive a real run; each step's lr is get_lr's wsd value; evals carry val_ppl."""
+    import math
+
+    from gptforge.optim import get_lr
+
+    ours = tiny_train_args(char_data, None, batch_size=None, n_layer=None, max_iters=None, lr_decay_iters=None,
+                           warmup_iters=None, learning_rate=None, eval_interval=None)
+    theirs = ["--logdir", "log", "--mini_batch_size=8", "--num_layers", "2", "--steps_per_epoch=6", "--num_epochs=2",
+              "--max_lr=3e-3", "--warmup_steps=2", "--eval_freq=6", "--sample_tokens=4"]
+    r = run_cli("train", *ours, *theirs, "--hellaswag_interval=0", "--lr_schedule=wsd", "--decay_frac=0.5",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "log"
+    config = json.loads((run / "config.json").read_text())
+    assert {k: config[k] for k in ("batch_size", "n_layer", "max_iters", "lr_decay_iters", "learning_rate",
+                                   "warmup_iters", "eval_interval", "sample_interval", "hellaswag_interval")} == {
+        "batch_size": 8, "n_layer": 2, "max_iters": 12, "lr_decay_iters": 12, "learning_rate": 3e-3,
+        "warmup_iters": 2, "eval_interval": 6, "sample_interval": 6, "hellaswag_interval": 0}
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lrs = [(x["step"], x["lr"]) for x in rows if x["kind"] == "train"]
+    assert lrs == [(s, get_lr(s, 3e-3, 2, 12, 3e-4, schedule="wsd", decay_frac=0.5)) for s in range(12)]
+    assert [x[1] for x in lrs[2:7]] == [3e-3] * 5 and lrs[-1][1] < 1e-3  # stable, then the decay
+    evals = [x for x in rows if x["kind"] == "eval"]
+    assert [x["step"] for x in evals] == [0, 6, 12]
+    for x in evals:
+        assert x["val_ppl"] == pytest.approx(math.exp(x["val_loss"])) and x["train_ppl"] > 1
+        assert f"val loss {x['val_loss']:.4f} (ppl {x['val_ppl']:.2f})" in r.stdout
+    assert [json.loads(x)["step"] for x in (run / "samples.jsonl").read_text().splitlines()] == [6, 12]
+
+
+def test_sample_and_export_read_a_checkpoint_file_given_by_ckpt(char_data, tmp_path):
+    """--ckpt: a finished run's ckpt.pt, renamed into another folder, samples and exports like the run itself;
+    the tokenizer comes from the checkpoint (the run folder and the dataset are deleted first)."""
+    import shutil
+
+    run = tmp_path / "run"
+    r = run_cli("train", *tiny_train_args(char_data, run, max_iters=9, lr_decay_iters=9, eval_interval=9))
+    assert r.returncode == 0, r.stderr
+    options = ["--start=All:", "--num_samples=2", "--max_new_tokens=20", "--device=cpu"]
+    from_run = run_cli("sample", f"--out_dir={run}", *options, cwd=tmp_path)
+    assert from_run.returncode == 0, from_run.stderr
+    kept = tmp_path / "kept" / "model_00009.pt"
+    kept.parent.mkdir()
+    shutil.copy(run / "ckpt.pt", kept)
+    shutil.rmtree(run)
+    shutil.rmtree(char_data)
+
+    r = run_cli("sample", f"--ckpt={kept}", *options, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == from_run.stdout and r.stdout.startswith("All:")
+    r = run_cli("export", "--ckpt", str(kept), "--to=hf", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"of {kept}, step 9" in r.stdout
+    exported = json.loads((tmp_path / "hf/config.json").read_text())
+    assert exported["n_layer"] == 2 and exported["n_embd"] == 32
+
+    for args, message in [
+        (["sample", "--ckpt=missing.pt"], "--ckpt=missing.pt: no such checkpoint file"),
+        (["sample", f"--ckpt={kept.parent}"], f"--ckpt={kept.parent} is a folder"),
+        (["sample", f"--ckpt={kept}", "--init_from=gpt2"], "each name the model to load; give one of them"),
+        (["export", "--ckpt=missing.pt", "--to=hf2"], "--ckpt=missing.pt: no such checkpoint file"),
+        (["eval", "hellaswag", "--ckpt=missing.pt"], "--ckpt=missing.pt: no such checkpoint file"),
+    ]:
+        r = run_cli(*args, cwd=tmp_path)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "hf2").exists()
+
+
+def test_build_nanogpt_command_from_the_issue(char_data, tmp_path):
+    """build-nanogpt's flags as its users type them: 10 steps (2 epochs of 5), accumulation 2 (256 tokens per
+    step / (4 x 32)), log.txt in its format and the step checkpoint of the last step, model_00009.pt (--logdir
+    brings build-nanogpt's layout: ckpt_interval 5000), which sample reads with --ckpt."""
+    base = tiny_train_args(char_data, None, batch_size=None, block_size=None, n_layer=None, n_head=None,
+                           n_embd=None, max_iters=None, lr_decay_iters=None, eval_interval=None,
+                           gradient_accumulation_steps=None)
+    r = run_cli("train", *base, "--mini_batch_size", "4", "--context_length", "32", "--num_layers", "2",
+                "--num_heads", "2", "--embd_size", "32", "--total_batch_size", "256", "--steps_per_epoch", "5",
+                "--num_epochs", "2", "--eval_freq", "5", "--logdir", "L", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "tokens per iteration: 256 = 2 accumulation x 1 processes x 4 batch x 32 block" in r.stdout
+    log = (tmp_path / "L" / "log.txt").read_text().splitlines()
+    assert [int(line.split()[0]) for line in log if " train " in line] == list(range(10))
+    assert [line.split()[0] for line in log if " val " in line] == ["0", "5", "10"]
+    ckpt = tmp_path / "L" / "model_00009.pt"
+    from gptforge.checkpoint import load_checkpoint
+
+    assert load_checkpoint(str(ckpt))["iter_num"] == 10
+    assert sorted(p.name for p in (tmp_path / "L").glob("model_*.pt")) == ["model_00009.pt"]  # --logdir: every 5000
+    s = run_cli("sample", f"--ckpt={ckpt}", "--num_samples=1", "--max_new_tokens=8", "--device=cpu", cwd=tmp_path)
+    assert s.returncode == 0 and s.stdout.count("---------------") == 1, s.stderr

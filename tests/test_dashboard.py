@@ -353,7 +353,15 @@ def test_page_follows_a_live_training_run_and_compares_runs(tmp_path, char_data)
                     .filter(t => t.name.endsWith(' train')).map(t => [t.legendgroup, t.line.color])""")
                 assert sorted(g for g, _ in traces) == ["live", "short"]
                 assert traces[0][1] != traces[1][1], "one colour per run"
-                assert page.evaluate("document.getElementById('chart-lr').data.length") == 2
+                # the learning-rate chart plots every train record's lr against its step, one trace per run
+                lr = page.evaluate("""() => Object.fromEntries(document.getElementById('chart-lr').data
+                    .map(t => [t.legendgroup, [Array.from(t.x), Array.from(t.y)]]))""")
+                assert sorted(lr) == ["live", "short"]
+                steps, lrs = lr["short"]
+                assert steps == list(range(60)) and all(isinstance(v, float) for v in lrs)
+                assert lrs[0] == pytest.approx(3e-3 / 6) and max(lrs) == pytest.approx(3e-3)  # warmup, peak
+                assert lrs[-1] < 4e-4 and lrs == sorted(lrs[:5]) + sorted(lrs[5:], reverse=True)  # cosine to min_lr
+                assert len(lr["live"][0]) >= first + 20 and max(lr["live"][1]) <= 1e-3
                 page.wait_for_function(
                     "() => document.querySelector(\".card[data-id='short'] .badge\").textContent === 'finished'",
                     timeout=10_000)

@@ -36,6 +36,58 @@ def test_schedule_is_monotonic_and_constant_without_decay():
     assert get_lr(20, 1e-3, 20, 20, 1e-4) == 1e-4
 
 
+# peak 1e-3, floor 1e-4, 100 warmup steps, decay ends at step 2000; wsd decays over the last 20% (1600 -> 2000)
+@pytest.mark.parametrize("schedule, it, expected", [
+    *[(s, 0, 1e-3 / 101) for s in ("cosine", "linear", "constant", "wsd")],  # every schedule warms up alike
+    *[(s, 99, 1e-3 * 100 / 101) for s in ("cosine", "linear", "constant", "wsd")],  # end of warmup
+    *[(s, 100, 1e-3) for s in ("cosine", "linear", "constant", "wsd")],  # the peak, where a decay starts
+    ("linear", 575, 1e-3 - 0.25 * 9e-4),  # a quarter of the way down: 7.75e-4
+    ("linear", 1050, 5.5e-4),  # half way
+    ("linear", 1999, 1e-4 + 9e-4 / 1900),  # one step before the end
+    ("constant", 1999, 1e-3),
+    ("wsd", 1599, 1e-3),  # still stable
+    ("wsd", 1600, 1e-3),  # the decay starts at the peak
+    ("wsd", 1700, 1e-3 - 0.25 * 9e-4),
+    ("wsd", 1800, 5.5e-4),
+    ("wsd", 1999, 1e-4 + 9e-4 / 400),
+    *[(s, 2000, 1e-4) for s in ("cosine", "linear", "wsd")],  # the end of the decay: min_lr
+    *[(s, 5000, 1e-4) for s in ("cosine", "linear", "wsd")],  # and beyond it
+    ("constant", 2000, 1e-3),
+    ("constant", 5000, 1e-3),  # constant never uses min_lr
+])
+def test_schedules_hand_computed(schedule, it, expected):
+    assert get_lr(it, **SCHED, schedule=schedule) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("it, frac0, frac1", [
+    (100, 1e-3, 1e-3),  # decay_frac 1: wsd is linear from the end of warmup
+    (1050, 1e-3, 5.5e-4),
+    (1999, 1e-3, 1e-4 + 9e-4 / 1900),  # decay_frac 0: stable up to the last step before lr_decay_iters...
+    (2000, 1e-4, 1e-4),  # ...then min_lr
+])
+def test_wsd_decay_frac_zero_and_one(it, frac0, frac1):
+    assert get_lr(it, **SCHED, schedule="wsd", decay_frac=0.0) == pytest.approx(frac0, rel=1e-12)
+    assert get_lr(it, **SCHED, schedule="wsd", decay_frac=1.0) == pytest.approx(frac1, rel=1e-12)
+    assert get_lr(it, **SCHED, schedule="wsd", decay_frac=1.0) == get_lr(it, **SCHED, schedule="linear")
+
+
+def test_wsd_decay_never_starts_inside_warmup_and_decay_lr_false_is_constant():
+    # 90% of 200 steps would start the decay at step 20, inside the 100 warmup steps: it starts after them
+    short = dict(learning_rate=1e-3, warmup_iters=100, lr_decay_iters=200, min_lr=0.0)
+    assert get_lr(100, **short, schedule="wsd", decay_frac=0.9) == 1e-3
+    assert get_lr(150, **short, schedule="wsd", decay_frac=0.9) == pytest.approx(5e-4, rel=1e-12)
+    for schedule in ("cosine", "linear", "constant", "wsd"):  # nanoGPT's decay_lr=False: no warmup, no decay
+        assert {get_lr(i, **SCHED, decay_lr=False, schedule=schedule) for i in (0, 99, 1800, 5000)} == {1e-3}
+    for schedule in ("cosine", "linear", "wsd"):  # monotonic: up through warmup, never up after it
+        lrs = [get_lr(i, **SCHED, schedule=schedule) for i in range(2100)]
+        assert all(a < b for a, b in zip(lrs[:100], lrs[1:101], strict=True))
+        assert all(a >= b for a, b in zip(lrs[100:], lrs[101:], strict=False))
+    with pytest.raises(ValueError, match="unknown schedule 'step'"):
+        get_lr(0, **SCHED, schedule="step")
+    with pytest.raises(ValueError, match="decay_frac must be in"):
+        get_lr(0, **SCHED, schedule="wsd", decay_frac=1.5)
+
+
 def test_weight_decay_only_on_matrices_and_embeddings():
     model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8, bias=True))
     opt = configure_optimizer(model, weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95), device_type="cpu")

@@ -151,3 +151,24 @@ def test_resumed_run_continues_the_same_wandb_run(char_data, tmp_path, monkeypat
     assert load_checkpoint(str(tmp_path / "r/ckpt.pt"))["wandb_run_id"] == run_id
     folders = glob.glob(str(tmp_path / "wandb/offline-run-*"))
     assert len(folders) == 2 and all(f.endswith(f"-{run_id}") for f in folders)
+
+
+def test_evaluations_state_perplexity_beside_the_loss(tmp_path, capsys):
+    import math
+
+    from gptforge.metrics import Metrics, perplexity
+
+    m = Metrics(str(tmp_path))
+    m.log(0, "eval", train_loss=math.log(65), val_loss=2.0, lr=1e-3)
+    m.log(1, "eval", train_loss=float("nan"), val_loss=1000.0, lr=1e-3)
+    m.log(1, "train", loss=2.0, lr=1e-3, ms_per_iter=1.0)
+    m.close()
+    first, second, train = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert list(first) == ["step", "kind", "train_loss", "train_ppl", "val_loss", "val_ppl", "lr", "time"]
+    assert first["train_ppl"] == pytest.approx(65.0) and first["val_ppl"] == pytest.approx(7.389056099)
+    assert math.isnan(second["train_ppl"]) and second["val_ppl"] == math.inf  # no OverflowError
+    assert "loss" in train and "ppl" not in train  # a train line is one noisy batch: no perplexity there
+    out = capsys.readouterr().out
+    assert "step 0: train loss 4.1744 (ppl 65.00), val loss 2.0000 (ppl 7.39)" in out
+    assert (tmp_path / "log.txt").read_text().splitlines()[0] == "0 val 2.0000"  # build-nanogpt's format unchanged
+    assert perplexity(0.0) == 1.0

@@ -3,6 +3,7 @@
     gptforge prepare shakespeare_char --input ../shared/data/tinyshakespeare/input.txt
     gptforge train config/train_shakespeare_char_cpu.py
     gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3
+    gptforge sample --ckpt=out/model_05000.pt
     gptforge eval hellaswag --out_dir=out --limit=200
     gptforge export --out_dir=out --to=hf-out
     gptforge dashboard out-shakespeare-char
@@ -71,8 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
 
     p = sub.add_parser("sample", help="sample text from a trained run", formatter_class=fmt,
-                       description="Print samples from <out_dir>/ckpt.pt to stdout, each followed by a line of dashes.")
+                       description="Print samples from <out_dir>/ckpt.pt (or --ckpt PATH) to stdout, each followed "
+                       "by a line of dashes.")
     p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt")
+    p.add_argument("--ckpt", default=None, metavar="PATH",
+                   help="a checkpoint file to sample from instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)")
     p.add_argument("--init_from", default="resume",
                    help="'resume' (the run in --out_dir), a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a "
                    "local Hugging Face GPT-2 folder")
@@ -101,12 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address to listen on; 0.0.0.0 lets other machines read your runs")
     p.add_argument("--port", type=int, default=8765, help="port to listen on; 0 picks a free one")
     p = sub.add_parser("eval", help="evaluate a trained run (hellaswag)", formatter_class=fmt,
-                       description="Evaluate <out_dir>/ckpt.pt on a benchmark; the result goes to stdout.")
+                       description="Evaluate <out_dir>/ckpt.pt (or --ckpt PATH) on a benchmark; the result goes to "
+                       "stdout.")
     tasks = p.add_subparsers(dest="task", required=True)
     t = tasks.add_parser("hellaswag", help="HellaSwag validation accuracy (acc, acc_norm)", formatter_class=fmt,
-                         description="Score <out_dir>/ckpt.pt on HellaSwag's validation set, completion style; "
-                         "prints one line: examples, acc and acc_norm. Works under torchrun (sharded).")
+                         description="Score <out_dir>/ckpt.pt (or --ckpt PATH) on HellaSwag's validation set, "
+                         "completion style; prints one line: examples, acc and acc_norm. Works under torchrun "
+                         "(sharded).")
     t.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt (a GPT-2 BPE run)")
+    t.add_argument("--ckpt", default=None, metavar="PATH",
+                   help="a checkpoint file to score instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)")
     t.add_argument("--init_from", default="resume",
                    help="'resume' (the run in --out_dir), a GPT-2 name (gpt2 ... gpt2-xl) or a Hugging Face "
                    "GPT-2 folder")
@@ -120,11 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
 
     p = sub.add_parser("export", help="write a run's model as a Hugging Face GPT-2 folder", formatter_class=fmt,
-                       description="Write <out_dir>/ckpt.pt as a Hugging Face GPT-2 folder (config.json, "
-                       "model.safetensors and, for GPT-2 BPE runs, the tokenizer files) that "
+                       description="Write <out_dir>/ckpt.pt (or --ckpt PATH) as a Hugging Face GPT-2 folder "
+                       "(config.json, model.safetensors and, for GPT-2 BPE runs, the tokenizer files) that "
                        "transformers' GPT2LMHeadModel.from_pretrained and pipeline() load.")
     p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt")
-    p.add_argument("--ckpt", default=None, help="a checkpoint file to export instead of <out_dir>/ckpt.pt")
+    p.add_argument("--ckpt", default=None, metavar="PATH",
+                   help="a checkpoint file to export instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)")
     p.add_argument("--to", required=True, default=argparse.SUPPRESS, metavar="FOLDER",
                    help="the folder to create (it may exist if empty)")
     p.add_argument("--force", action="store_true", help="replace FOLDER when it holds a previous export")
@@ -176,9 +185,9 @@ def run(argv: Sequence[str]) -> int:
 def run_export(args: argparse.Namespace) -> None:
     """`gptforge export`: the checkpoint's model and tokenizer as a Hugging Face GPT-2 folder."""
     from gptforge.pretrained import export_hf
-    from gptforge.sample import load_checkpoint_model
+    from gptforge.sample import checkpoint_path, load_checkpoint_model
 
-    path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
+    path = checkpoint_path(args.out_dir, args.ckpt)
     model, tok, ckpt = load_checkpoint_model(path, "cpu")
     notes = export_hf(model, args.to, tok.spec(), force=args.force)
     for note in notes:
@@ -188,10 +197,10 @@ def run_export(args: argparse.Namespace) -> None:
 
 
 def run_train(args: list[str]) -> int:
-    from gptforge.config import help_text, load_config
+    from gptforge.config import alias_help, help_text, load_config
 
     if "-h" in args or "--help" in args:
-        print(TRAIN_USAGE + help_text())
+        print(TRAIN_USAGE + help_text() + "\n\nbuild-nanogpt's flag names (aliases -> key):\n" + alias_help())
         return 0
     cfg = load_config(args)
     from gptforge.train import train
@@ -259,7 +268,8 @@ def run_eval_hellaswag(args: argparse.Namespace) -> None:
     env = setup_distributed(args.device, "auto")
     try:
         dtype = resolve_dtype(args.dtype, env.device_type)
-        model, tokenizer = load_model(SampleArgs(out_dir=args.out_dir, init_from=args.init_from), env.device)
+        model, tokenizer = load_model(SampleArgs(out_dir=args.out_dir, init_from=args.init_from, ckpt=args.ckpt),
+                                      env.device)
         hellaswag.check_tokenizer(tokenizer)
         if env.ddp and not env.is_main:
             dist.barrier()  # rank 0 downloads; the others then find the file in the cache

@@ -8,6 +8,14 @@ in the order given, and the last one wins:
 
 Values are parsed as Python literals, falling back to the raw string; each must match the type of its default
 (an int may stand where a float is expected). Unknown keys fail with the closest valid names.
+
+build-nanogpt's flag names are accepted as aliases of our keys, on the command line and in config files alike
+(ALIASES; `gptforge train --help` lists them): `--mini_batch_size=64` is `--batch_size=64`. `--steps_per_epoch`
+and `--num_epochs` set max_iters to their product (and lr_decay_iters, unless given); `--eval_freq` sets
+eval_interval (and hellaswag_interval and sample_interval, unless given); `--logdir` sets out_dir and, unless
+given, ckpt_interval=5000 (build-nanogpt's model_{step:05d}.pt layout). An alias and its key both given with
+different values in the same place (the command line, or one file) is an error naming both; otherwise the
+later one wins, as for any key.
 """
 
 from __future__ import annotations
@@ -75,10 +83,15 @@ class TrainConfig:
     max_bad_steps: int = _f(10, "a step whose loss or gradient norm is not finite is skipped (weights untouched); "
                             "this many in a row stop the run, leaving the last good checkpoint")
     # --- learning-rate schedule ----------------------------------------------------------------------------
-    decay_lr: bool = _f(True, "warmup then cosine decay; False = constant learning_rate")
-    warmup_iters: int = _f(2000, "steps of linear warmup")
-    lr_decay_iters: int = _f(600000, "step where cosine decay reaches min_lr (~max_iters per Chinchilla)")
+    decay_lr: bool = _f(True, "warmup, then lr_schedule; False = constant learning_rate from step 0 (nanoGPT)")
+    lr_schedule: str = _f("cosine", "after warmup: 'cosine' (nanoGPT: cosine to min_lr at lr_decay_iters), 'linear' "
+                          "(straight to min_lr at lr_decay_iters), 'constant' (learning_rate) or 'wsd' "
+                          "(warmup-stable-decay: learning_rate, then linear to min_lr over the last decay_frac)")
+    warmup_iters: int = _f(2000, "steps of linear warmup (every lr_schedule)")
+    lr_decay_iters: int = _f(600000, "step where the decay reaches min_lr, kept after it (~max_iters per Chinchilla)")
     min_lr: float = _f(6e-5, "floor of the schedule (~learning_rate / 10 per Chinchilla)")
+    decay_frac: float = _f(0.2, "lr_schedule='wsd': the share of lr_decay_iters spent decaying: the decay starts at "
+                           "step max(warmup_iters, (1 - decay_frac) * lr_decay_iters); 0 = a drop at lr_decay_iters")
     # --- system --------------------------------------------------------------------------------------------
     parallel: str = _f("ddp", "with several processes: 'ddp' (a full copy per process) or 'fsdp' (FSDP2: parameters, "
                        "gradients and optimizer state sharded per block, for models too big for one device)")
@@ -113,40 +126,112 @@ _CHOICES = {
     "backend": ("auto", "nccl", "gloo", "mpi", "ucc"),
     "data_loader": ("auto", "random", "sharded"),
     "parallel": ("ddp", "fsdp"),
+    "lr_schedule": ("cosine", "linear", "constant", "wsd"),
 }
+
+
+# build-nanogpt's flag names -> our keys. Its --min_lr, --weight_decay, --total_batch_size and --seed are ours too.
+ALIASES: dict[str, str] = {
+    "mini_batch_size": "batch_size",
+    "context_length": "block_size",
+    "num_layers": "n_layer",
+    "num_heads": "n_head",
+    "embd_size": "n_embd",
+    "max_lr": "learning_rate",
+    "warmup_steps": "warmup_iters",
+    "eval_freq": "eval_interval",
+    "logdir": "out_dir",
+}
+SHARED_NAMES = ("min_lr", "weight_decay", "total_batch_size", "seed")
+EPOCH_NAMES = ("steps_per_epoch", "num_epochs")  # no key of their own: max_iters = their product
+EVAL_FREQ_ALSO = ("hellaswag_interval", "sample_interval")  # build-nanogpt does all three every eval_freq steps
+LOGDIR_CKPT_INTERVAL = 5000  # build-nanogpt writes log_dir/model_{step:05d}.pt every 5000 steps and at the last
 
 
 def load_config(args: Sequence[str], base: TrainConfig | None = None) -> TrainConfig:
     """Build a TrainConfig from nanoGPT-style arguments: config files and --key=value / --key value, in order."""
-    values: dict[str, Any] = dataclasses.asdict(base or TrainConfig())
-    explicit: set[str] = set()
+    given: dict[str, tuple[Any, str, int]] = {}  # name as written (key or alias) -> (value, where, source number)
     i = 0
     while i < len(args):
         arg = args[i]
         i += 1
         if not arg.startswith("--"):
-            for key, value, where in read_config_file(arg):
-                values[key] = coerce(key, value, where, from_text=False)
-                explicit.add(key)
+            for name, value, where in read_config_file(arg):
+                given[name] = (coerce(name, value, where, from_text=False), where, i)  # this file: source i
             continue
-        key, sep, text = arg[2:].partition("=")
-        key = key.replace("-", "_")
-        check_key(key, f"--{key}")
+        name, sep, text = arg[2:].partition("=")
+        name = name.replace("-", "_")
+        check_key(name, f"--{name}")
         if not sep:  # `--key value`, or a bare `--flag` meaning True for booleans
             nxt = args[i] if i < len(args) else None
-            boolean = FIELDS[key].type in ("bool", "bool | str")
+            boolean = _kind(name) in ("bool", "bool | str")
             if boolean and (nxt is None or nxt.lower() not in _TRUE | _FALSE | {"auto"}):
                 text = "True"
             elif nxt is None or (nxt.startswith("--") and len(nxt) > 2):
-                raise UserError(f"--{key} needs a value: --{key}=VALUE or --{key} VALUE")
+                raise UserError(f"--{name} needs a value: --{name}=VALUE or --{name} VALUE")
             else:
                 text, i = nxt, i + 1
-        values[key] = coerce(key, text, f"--{key}", from_text=True)
-        explicit.add(key)
+        given[name] = (coerce(name, text, f"--{name}", from_text=True), f"--{name}", len(args) + 1)  # one source
+    values: dict[str, Any] = dataclasses.asdict(base or TrainConfig())
+    values.update({name: value for name, (value, _, _) in given.items() if name in FIELDS})
+    explicit = {name for name in given if name in FIELDS}
+    resolve_aliases(given, values, explicit)
     cfg = TrainConfig(**values)
+    if "lr_schedule" in explicit and not cfg.decay_lr and cfg.lr_schedule != "constant":
+        raise UserError(f"{_show('lr_schedule', *given['lr_schedule'])} decays the learning rate, but decay_lr=False "
+                        "keeps it constant; set --decay_lr=True to use the schedule")
     derive_batch(cfg, explicit)
     validate(cfg)
     return cfg
+
+
+def _kind(name: str) -> str:
+    """The type (as written in TrainConfig) of a key or an alias."""
+    return "int" if name in EPOCH_NAMES else FIELDS[ALIASES.get(name, name)].type
+
+
+def _show(name: str, value: Any, where: str, source: int = 0) -> str:
+    """How a value was given, for messages: `--name=value` or `name = value (file:line)`."""
+    return f"--{name}={value}" if where.startswith("--") else f"{name} = {value!r} ({where})"
+
+
+def resolve_aliases(given: dict[str, tuple[Any, str]], values: dict[str, Any], explicit: set[str]) -> None:
+    """Apply build-nanogpt's names to `values` (keys they set join `explicit`).
+
+    Within one source (the command line, or one config file) a key and its alias must agree; across sources the
+    later one wins, as for any key: `config/train_gpt2_fineweb.py --mini_batch_size=32` overrides the file.
+    """
+
+    def claim(key: str, value: Any, source: int, shown: str, why: str) -> None:
+        if key in given and given[key][0] != value:
+            if given[key][2] == source:
+                raise UserError(f"{shown} and {_show(key, *given[key])} disagree ({why}); give one of them")
+            if given[key][2] > source:
+                return  # the key came later: it overrides the alias
+        values[key] = value
+        explicit.add(key)
+
+    for alias, key in ALIASES.items():
+        if alias in given:
+            value, _, source = given[alias]
+            claim(key, value, source, _show(alias, *given[alias]), f"{alias} is build-nanogpt's name for {key}")
+            if alias == "eval_freq":
+                for other in EVAL_FREQ_ALSO:
+                    if other not in given:
+                        values[other] = value
+            if alias == "logdir" and "ckpt_interval" not in given:
+                values["ckpt_interval"] = LOGDIR_CKPT_INTERVAL  # its run layout: model_05000.pt ... and the last step
+    if any(name in given for name in EPOCH_NAMES):
+        for name in EPOCH_NAMES:
+            if name in given and given[name][0] <= 0:
+                raise UserError(f"{_show(name, *given[name])}: {name} must be a positive integer")
+        steps, epochs = (given[name][0] if name in given else 1 for name in EPOCH_NAMES)
+        shown = " and ".join(_show(name, *given[name]) for name in EPOCH_NAMES if name in given)
+        source = max(given[name][2] for name in EPOCH_NAMES if name in given)
+        claim("max_iters", steps * epochs, source, shown,
+              f"max_iters = steps_per_epoch * num_epochs = {steps * epochs}")
+        if "lr_decay_iters" not in given:
+            values["lr_decay_iters"] = steps * epochs
 
 
 def read_config_file(path: str) -> list[tuple[str, Any, str]]:
@@ -208,15 +293,19 @@ def _literal(node: ast.AST) -> Any:
 
 
 def check_key(key: str, where: str) -> None:
-    if key not in FIELDS:
-        close = difflib.get_close_matches(key, list(FIELDS), n=3, cutoff=0.5)
+    if key not in FIELDS and key not in ALIASES and key not in EPOCH_NAMES:
+        close = difflib.get_close_matches(key, [*FIELDS, *ALIASES, *EPOCH_NAMES], n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `gptforge train --help` lists them"
         raise UserError(f"{where}: unknown config key {key!r}{hint}")
 
 
 def coerce(key: str, value: Any, where: str, from_text: bool) -> Any:
-    """Check (and, for command-line text, parse) a value against the type of the key's default."""
-    kind = FIELDS[key].type
+    """Check (and, for command-line text, parse) a value against the type of the key's default.
+
+    `key` may be an alias (ALIASES, EPOCH_NAMES): the type is its key's, the messages name the alias.
+    """
+    kind = _kind(key)
+    target = ALIASES.get(key, key)
     if from_text:
         text = value
         try:
@@ -239,8 +328,8 @@ def coerce(key: str, value: Any, where: str, from_text: bool) -> Any:
         raise UserError(f"{where}: {key} must be {expected}, got {value!r} ({type(value).__name__})")
     if kind == "float":
         value = float(value)
-    if key in _CHOICES and value not in _CHOICES[key]:
-        raise UserError(f"{where}: {key} must be one of {', '.join(_CHOICES[key])}; got {value!r}")
+    if target in _CHOICES and value not in _CHOICES[target]:
+        raise UserError(f"{where}: {key} must be one of {', '.join(_CHOICES[target])}; got {value!r}")
     return value
 
 
@@ -277,6 +366,9 @@ def validate(cfg: TrainConfig) -> None:
             raise UserError(f"--{key} must not be negative, got {getattr(cfg, key)}")
     if cfg.n_embd % cfg.n_head:
         raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
+    if not 0.0 <= cfg.decay_frac <= 1.0:
+        raise UserError(f"--decay_frac must be in [0, 1] (the share of lr_decay_iters spent decaying), got "
+                        f"{cfg.decay_frac}")
     if not 0.0 <= cfg.dropout < 1.0:
         raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     for key in ("beta1", "beta2"):
@@ -297,4 +389,19 @@ def help_text() -> str:
     lines = []
     for name, f in FIELDS.items():
         lines.append(f"  --{name}={getattr(default, name)!r}  ({f.type})\n      {f.metadata['doc']}")
+    return "\n".join(lines)
+
+
+def alias_help() -> str:
+    """build-nanogpt's flag names, for `gptforge train --help`."""
+    lines = [f"  --{alias:<18} -> {key}" for alias, key in ALIASES.items() if alias not in ("eval_freq", "logdir")]
+    lines += [
+        f"  --{'eval_freq':<18} -> eval_interval, and {' and '.join(EVAL_FREQ_ALSO)} unless given",
+        f"  --{'logdir':<18} -> out_dir, and ckpt_interval={LOGDIR_CKPT_INTERVAL} unless given (step checkpoints)",
+        "  --steps_per_epoch, --num_epochs -> max_iters = their product (one alone: the other is 1), and",
+        "                        lr_decay_iters unless given",
+        f"  {', '.join('--' + n for n in SHARED_NAMES)}: the same names here",
+        "They work in config files too (`max_lr = 6e-4`). An alias and its key given with different values in one",
+        "place (the command line, or one file) is an error naming both; otherwise the later one wins.",
+    ]
     return "\n".join(lines)

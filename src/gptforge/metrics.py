@@ -2,7 +2,7 @@
 
     metrics = Metrics(out_dir, enabled=env.is_main, resume_step=None)
     metrics.log(step, "train", loss=2.31, lr=1e-3, grad_norm=0.8, ms_per_iter=31.0, tokens_per_s=24800, mfu=0.03)
-    metrics.log(step, "eval", train_loss=2.30, val_loss=2.35)
+    metrics.log(step, "eval", train_loss=2.30, val_loss=2.35)   # adds train_ppl=9.97, val_ppl=10.49
     metrics.close()
 
 Sinks: the console line (stdout), `metrics.jsonl` (one JSON object per line: step, kind, values, time),
@@ -10,6 +10,8 @@ Sinks: the console line (stdout), `metrics.jsonl` (one JSON object per line: ste
 samples), and when asked wandb and TensorBoard (event files in `<out_dir>/tensorboard`).
 A fresh run starts these files empty; a run resumed at step N keeps the lines of steps before N and drops
 the rest (it evaluates step N again), so no step appears twice. Only rank 0 writes (`enabled`).
+An evaluation's losses get their perplexity beside them (`val_loss` -> `val_ppl` = exp(val_loss)), in the
+record, the console line and wandb / TensorBoard; log.txt keeps build-nanogpt's format.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Metrics:
     def log(self, step: int, kind: str, **values: Any) -> None:
         if not self.enabled:
             return
+        if kind == "eval":
+            values = with_perplexity(values)
         record = {"step": step, "kind": kind, **values, "time": round(time.time(), 3)}
         _append(self.jsonl, json.dumps(record, allow_nan=True))
         line = _txt_line(step, kind, values)
@@ -113,6 +117,26 @@ def _append(fh, line: str) -> None:
                         "continue with --init_from=resume") from None
 
 
+def perplexity(loss: float) -> float:
+    """exp(loss): the model is as unsure as a uniform choice among this many tokens (a vocabulary of V gives V at
+    loss ln V). inf beyond the float range; NaN stays NaN."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
+def with_perplexity(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with `X_ppl` = exp(`X_loss`) right after each loss (unless given), in the same order otherwise."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        out[key] = value
+        ppl = key.removesuffix("_loss") + "_ppl"
+        if key.endswith("_loss") and ppl not in values and isinstance(value, (int, float)):
+            out[ppl] = perplexity(value)
+    return out
+
+
 def _txt_line(step: int, kind: str, values: dict[str, Any]) -> str | None:
     if kind == "train":
         return f"{step} train {values['loss']:.6f}"
@@ -137,7 +161,13 @@ def _console_line(step: int, kind: str, v: dict[str, Any]) -> str:
             parts.append(f"eta {format_duration(v['eta_s'])}")
         return ", ".join(parts)
     if kind == "eval":
-        return f"step {step}: train loss {v['train_loss']:.4f}, val loss {v['val_loss']:.4f}"
+        parts = []
+        for split in ("train", "val"):
+            text = f"{split} loss {v[split + '_loss']:.4f}"
+            if v.get(split + "_ppl") is not None:
+                text += f" (ppl {v[split + '_ppl']:.2f})"
+            parts.append(text)
+        return f"step {step}: " + ", ".join(parts)
     if kind == "hellaswag":
         return f"step {step}: hellaswag acc_norm {v['acc_norm']:.4f}, acc {v['acc']:.4f} ({v['n']} examples)"
     if kind == "skip":

@@ -1,6 +1,7 @@
 """Sample text from a trained run.
 
     gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=200
+    gptforge sample --ckpt=log/model_05000.pt          # any checkpoint file: a step checkpoint, a copy elsewhere
 
 Prints each sample to stdout followed by a line of dashes, and nothing else on stdout (information goes to
 stderr), so the output can be piped. The tokenizer comes from the checkpoint (gptforge stores it); for a
@@ -31,6 +32,7 @@ SEPARATOR = "---------------"
 class SampleArgs:
     out_dir: str = "out"
     init_from: str = "resume"  # 'resume' (out_dir/ckpt.pt), a GPT-2 name ('gpt2', ...) or a Hugging Face folder
+    ckpt: str | None = None  # with init_from='resume': this checkpoint file instead of out_dir/ckpt.pt
     start: str = "\n"
     num_samples: int = 10
     max_new_tokens: int = 500
@@ -48,6 +50,19 @@ def load_run(out_dir: str, device: str) -> tuple[GPT, Tokenizer]:
     """The model of `<out_dir>/ckpt.pt` in eval mode on `device`, and the tokenizer it was trained with."""
     model, tok, _ = load_checkpoint_model(os.path.join(out_dir, "ckpt.pt"), device)
     return model, tok
+
+
+def checkpoint_path(out_dir: str, ckpt: str | None = None) -> str:
+    """The checkpoint file to read: `ckpt` (--ckpt, e.g. out/model_05000.pt) when given, else <out_dir>/ckpt.pt."""
+    if not ckpt:
+        return os.path.join(out_dir, "ckpt.pt")
+    if os.path.isdir(ckpt):
+        raise UserError(f"--ckpt={ckpt} is a folder: --ckpt names a checkpoint file (such as "
+                        f"{os.path.join(ckpt, 'ckpt.pt')}); a run folder goes to --out_dir")
+    if not os.path.isfile(ckpt):
+        raise UserError(f"--ckpt={ckpt}: no such checkpoint file (a run's ckpt.pt, or a step checkpoint "
+                        "model_NNNNN.pt)")
+    return ckpt
 
 
 def load_checkpoint_model(path: str, device: str) -> tuple[GPT, Tokenizer, dict]:
@@ -85,8 +100,13 @@ def read_start(start: str) -> str:
 
 
 def load_model(args: SampleArgs, device: str) -> tuple[GPT, Tokenizer]:
+    """The model and tokenizer args name: a checkpoint (--ckpt, else <out_dir>/ckpt.pt) or GPT-2 weights."""
+    if args.ckpt and args.init_from != "resume":
+        raise UserError(f"--ckpt={args.ckpt} and --init_from={args.init_from} each name the model to load; "
+                        "give one of them")
     if args.init_from == "resume":
-        return load_run(args.out_dir, device)
+        model, tok, _ = load_checkpoint_model(checkpoint_path(args.out_dir, args.ckpt), device)
+        return model, tok
     from gptforge.pretrained import load_pretrained
 
     model, _ = load_pretrained(args.init_from)

@@ -86,6 +86,11 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
 
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
     meta = read_meta(folder)
+    if cfg.hellaswag_interval > 0 and meta["tokenizer"] != "gpt2":  # e.g. --eval_freq on a char-level dataset
+        if env.is_main:
+            print(f"hellaswag_interval={cfg.hellaswag_interval} ignored: HellaSwag needs GPT-2 BPE tokens and dataset "
+                  f"{cfg.dataset!r} is {meta['tokenizer']}-level", flush=True)
+        cfg.hellaswag_interval = 0
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     ckpt, source = None, ckpt_path
     if cfg.init_from == "resume":
@@ -214,7 +219,8 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     stop, bad_steps, start_iter = StopFlag(env), 0, iter_num
     with stop, cleanup:
         while True:
-            lr = get_lr(iter_num, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr, cfg.decay_lr)
+            lr = get_lr(iter_num, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr, cfg.decay_lr,
+                        cfg.lr_schedule, cfg.decay_frac)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             last = iter_num >= cfg.max_iters
