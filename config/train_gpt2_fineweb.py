@@ -48,7 +48,7 @@ eval_iters = 160  # batches per split per evaluation, over all GPUs: build-nanog
 hellaswag_interval = 250
 sample_interval = 250
 log_interval = 1
-# step checkpoints log/model_05000.pt, model_10000.pt, model_15000.pt and model_19073.pt (the last step);
+# step checkpoints log/model_05000.pt, model_10000.pt, model_15000.pt and model_19072.pt (the last step);
 # sample or evaluate one with --ckpt=log/model_05000.pt
 ckpt_interval = 5000
 
