@@ -157,6 +157,8 @@ def test_unknown_key_in_file_names_file_and_line(tmp_path):
     ("--n_embd=100", r"n_embd=100 must be divisible by n_head=12"),
     ("--eval_iters=0", r"--eval_iters must be a positive integer, got 0"),
     ("--learning_rate=-1", r"--learning_rate must not be negative"),
+    ("--learning_rate=1e999", r"--learning_rate must be a finite number, got inf"),
+    ("--dashboard_port=65536", r"--dashboard_port must be a port number 0-65535"),
     ("--dropout=1.0", r"--dropout must be in \[0, 1\)"),
     ("--init_from=gpt3", r"--init_from must be 'scratch', 'resume', one of gpt2, gpt2-medium"),
 ])

@@ -225,6 +225,30 @@ def test_bad_meta_json(tmp_path):
 def test_folder_without_meta_is_nanogpt_gpt2_data(tmp_path):
     meta = read_meta(str(tmp_path))
     assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"]) == ("gpt2", 50257, "uint16")
+    np.array([464, 2068, 7586, 21831, 198, 50256], dtype=np.uint16).tofile(tmp_path / "train.bin")
+    assert read_meta(str(tmp_path))["tokenizer"] == "gpt2"  # BPE ids: read as nanoGPT's GPT-2 data
+
+
+def test_token_files_are_checked_against_the_meta(tmp_path):
+    """Before training writes anything: a char folder that lost its meta, ids beyond vocab_size, wrong counts."""
+    np.arange(40, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    np.arange(10, dtype=np.uint16).tofile(tmp_path / "val.bin")
+    with pytest.raises(UserError, match=r"no meta.json or meta.pkl.*below 256 \(largest 39\).*meta.json is missing"):
+        read_meta(str(tmp_path))
+    meta = {"vocab_size": 40, "tokenizer": "char", "itos": [chr(65 + i) for i in range(40)], "dtype": "uint16",
+            "tokens": {"train": 40, "val": 10}}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    assert read_meta(str(tmp_path))["vocab_size"] == 40
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "vocab_size": 30, "itos": meta["itos"][:30]}))
+    with pytest.raises(UserError, match=r"train.bin holds token id 39, but .*meta.json gives vocab_size 30"):
+        read_meta(str(tmp_path))
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "dtype": "uint32"}))  # the files are uint16
+    with pytest.raises(UserError, match=r"train.bin holds 20 train tokens of uint32, but .*meta.json records 40"):
+        read_meta(str(tmp_path))
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    np.arange(30, dtype=np.uint16).tofile(tmp_path / "train.bin")  # cut short
+    with pytest.raises(UserError, match=r"holds 30 train tokens of uint16, but .*meta.json records 40"):
+        read_meta(str(tmp_path))
 
 
 def test_char_tokenizer_unknown_character_is_a_clear_error():

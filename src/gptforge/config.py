@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -238,7 +239,7 @@ def read_config_file(path: str) -> list[tuple[str, Any, str]]:
     """Parse a nanoGPT config file as data: [(key, value, 'file:line')]. Nothing in it is executed."""
     if not os.path.isfile(path):
         hint = " (options start with --, e.g. --device=cpu)" if "=" in path else ""
-        raise UserError(f"config file {path!r} not found{hint}")
+        raise UserError(f"config file {path!r} not found{hint}; check the path (relative to {os.getcwd()})")
     with open(path, encoding="utf-8") as fh:
         source = fh.read()
     try:
@@ -364,8 +365,12 @@ def validate(cfg: TrainConfig) -> None:
                 "hellaswag_limit", "ckpt_interval", "keep_last"]:
         if getattr(cfg, key) < 0:
             raise UserError(f"--{key} must not be negative, got {getattr(cfg, key)}")
+    for key, f in FIELDS.items():
+        if f.type == "float" and not math.isfinite(getattr(cfg, key)):
+            raise UserError(f"--{key} must be a finite number, got {getattr(cfg, key)}")
     if cfg.n_embd % cfg.n_head:
-        raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
+        raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head} (each head gets n_embd / "
+                        "n_head channels); change --n_embd or --n_head")
     if not 0.0 <= cfg.decay_frac <= 1.0:
         raise UserError(f"--decay_frac must be in [0, 1] (the share of lr_decay_iters spent decaying), got "
                         f"{cfg.decay_frac}")
@@ -381,6 +386,8 @@ def validate(cfg: TrainConfig) -> None:
         )
     if not cfg.out_dir:
         raise UserError("--out_dir must not be empty")
+    if not 0 <= cfg.dashboard_port <= 65535:
+        raise UserError(f"--dashboard_port must be a port number 0-65535 (0 = any free port), got {cfg.dashboard_port}")
 
 
 def help_text() -> str:

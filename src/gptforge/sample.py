@@ -10,6 +10,7 @@ nanoGPT checkpoint, from the dataset folder named in its config (meta.pkl / meta
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -97,6 +98,8 @@ def read_start(start: str) -> str:
             return fh.read()
     except OSError as e:
         raise UserError(f"--start=FILE:{path}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"--start=FILE:{path}: not UTF-8 text ({e}); convert it to UTF-8 first") from None
 
 
 def load_model(args: SampleArgs, device: str) -> tuple[GPT, Tokenizer]:
@@ -123,15 +126,20 @@ def sample(args: SampleArgs, out=None) -> list[str]:
     for key in ("num_samples", "max_new_tokens"):
         if getattr(args, key) <= 0:
             raise UserError(f"--{key} must be a positive integer, got {getattr(args, key)}")
-    if args.temperature < 0 or args.top_k < 0:
-        raise UserError("--temperature and --top_k must not be negative (temperature 0 = greedy, top_k 0 = all)")
+    if not 0.0 <= args.temperature < math.inf:
+        raise UserError(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
+    if args.top_k < 0:
+        raise UserError(f"--top_k must not be negative (0 = all tokens), got {args.top_k}")
     if not 0.0 < args.top_p <= 1.0:
         raise UserError(f"--top_p must be in (0, 1], got {args.top_p} (1 = off)")
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device.split(":")[0])
     model, tok = load_model(args, device)
     start = read_start(args.start)
-    prompt = tok.encode(start)
+    try:
+        prompt = tok.encode(start)
+    except UserError as e:
+        raise UserError(f"--start: {e}") from None
     if not prompt:
         if tok.eot_token is None:
             raise UserError("--start is empty; give a prompt (a char-level model has no end-of-text token)")

@@ -249,6 +249,9 @@ def make_server(folders: Sequence[str | os.PathLike], host: str = "127.0.0.1", p
                 ) -> DashboardServer:
     """A bound, not yet serving DashboardServer. UserError when plotly is missing or the port is taken."""
     plotly_js = find_plotly_js()
+    if not 0 <= port <= 65535:
+        raise UserError(f"cannot listen on {host}:{port}: a port number is 0-65535; choose another with --port "
+                        "(--port 0 picks a free one)")
     try:
         return DashboardServer(folders, host, port, plotly_js)
     except OSError as e:

@@ -38,8 +38,12 @@ def read_meta(folder: str) -> dict[str, Any]:
     """The dataset's meta: vocab_size, tokenizer ('char' + itos, or 'gpt2'), dtype, eot_token.
 
     meta.json first; else nanoGPT's meta.pkl (char-level); else nanoGPT's GPT-2 BPE default.
+
+    The token files present are checked against it (see _check_token_files), so a meta that does not belong
+    to them is an error here, before training writes anything.
     """
     path = os.path.join(folder, "meta.json")
+    pkl = os.path.join(folder, "meta.pkl")
     if os.path.isfile(path):
         try:
             with open(path, encoding="utf-8") as fh:
@@ -47,11 +51,12 @@ def read_meta(folder: str) -> dict[str, Any]:
         except (OSError, ValueError) as e:
             raise UserError(f"{path}: not readable JSON ({e}); re-run `gptforge prepare`") from None
         _check_meta(meta, path)
-        return meta
-    pkl = os.path.join(folder, "meta.pkl")
-    if os.path.isfile(pkl):
-        return _read_meta_pkl(pkl)
-    return {"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "eot_token": 50256}
+    elif os.path.isfile(pkl):
+        meta, path = _read_meta_pkl(pkl), pkl
+    else:
+        meta, path = {"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "eot_token": 50256}, None
+    _check_token_files(folder, meta, path)
+    return meta
 
 
 def _check_meta(meta: Any, path: str) -> None:
@@ -66,6 +71,55 @@ def _check_meta(meta: Any, path: str) -> None:
         if not isinstance(itos, list) or len(itos) != meta["vocab_size"]:
             raise UserError(f"{path}: a char dataset needs 'itos', a list of vocab_size={meta['vocab_size']} chars")
     meta.setdefault("dtype", "uint16")
+
+
+CHECK_TOKENS = 1 << 20  # token ids read per split by _check_token_files: the whole file when smaller
+
+
+def _check_token_files(folder: str, meta: dict[str, Any], meta_path: str | None) -> None:
+    """Do the split files fit the meta? Their sizes against its token counts, and a bounded read of their ids
+    (the whole file up to CHECK_TOKENS, else 16 chunks spread over it) against its vocab_size. Without any meta
+    (read as GPT-2 BPE), ids all below 256 mean a char-level folder that lost its meta.json. Files that are
+    missing or not whole tokens are left to open_tokens, which names them."""
+    dtype = DTYPES[meta["dtype"]]
+    itemsize = np.dtype(dtype).itemsize
+    where = meta_path or f"{folder} (no meta.json or meta.pkl: read as nanoGPT's GPT-2 BPE data)"
+    tops = []
+    for split in ("train", "val"):
+        names = (meta.get("shards") or {}).get(split) or [f"{split}.bin"]
+        paths = [os.path.join(folder, n) for n in names if isinstance(n, str)]
+        if not all(os.path.isfile(p) for p in paths) or any(os.path.getsize(p) % itemsize for p in paths):
+            continue
+        count = sum(os.path.getsize(p) for p in paths) // itemsize
+        recorded = (meta.get("tokens") or {}).get(split)
+        if isinstance(recorded, int) and count and recorded != count:  # an empty file: open_tokens says so
+            raise UserError(
+                f"{paths[0] if len(paths) == 1 else folder} holds {count:,} {split} tokens of {meta['dtype']}, but "
+                f"{where} records {recorded:,}: a file was cut short or replaced, or the meta belongs to other "
+                "files. Re-run `gptforge prepare` for this dataset"
+            )
+        if count == 0:
+            continue
+        first = next(p for p in paths if os.path.getsize(p))  # the first non-empty file of the split
+        data = np.memmap(first, dtype=dtype, mode="r")
+        if len(data) <= CHECK_TOKENS:
+            top = int(data.max())
+        else:
+            chunk = CHECK_TOKENS // 16
+            top = max(int(data[s : s + chunk].max()) for s in np.linspace(0, len(data) - chunk, 16).astype(np.int64))
+        if top >= meta["vocab_size"]:
+            raise UserError(
+                f"{first} holds token id {top}, but {where} gives vocab_size {meta['vocab_size']} "
+                f"({meta['dtype']} tokens): the token files and the meta do not belong together. Re-run "
+                "`gptforge prepare` for this dataset"
+            )
+        tops.append(top)
+    if meta_path is None and tops and max(tops) < 256:
+        raise UserError(
+            f"{folder} has no meta.json or meta.pkl, so it would be read as GPT-2 BPE data, but its token ids are "
+            f"all below 256 (largest {max(tops)}): it looks like a char-level dataset whose meta.json is missing. "
+            "Put its meta.json back, or re-run `gptforge prepare` for this dataset"
+        )
 
 
 class _NoObjects(pickle.Unpickler):

@@ -69,7 +69,9 @@ def prepare(
     else:
         raise UserError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
     if not train or not val:
-        raise UserError(f"too little text: {len(train)} train and {len(val)} val tokens; give more text")
+        source = ", ".join(map(str, files)) if recipe == "text" else input_path or os.path.join(folder, "input.txt")
+        raise UserError(f"too little text in {source}: {len(train)} train and {len(val)} val tokens; give more text "
+                        f"(or another --val_fraction than {val_fraction})")
     meta = {
         "vocab_size": tok.vocab_size,
         **tok.spec(),
