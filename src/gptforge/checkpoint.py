@@ -156,11 +156,16 @@ def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict
         raise UserError(f"checkpoint {path} not found; train first, or point --out_dir at a run folder")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError... for unreadable files
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
-            reason = "it holds pickled objects other than tensors and plain data, and such files can run code"
-        raise UserError(f"cannot read checkpoint {path}: {reason}") from None
+    except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, KeyError... for unreadable files
+        text = str(e)
+        if "Unsupported global" in text or "GLOBAL " in text:  # the pickle names a class or function to call
+            raise UserError(f"cannot read checkpoint {path}: it holds pickled objects other than tensors and plain "
+                            "data, and such files can run code; it was not loaded") from None
+        # torch's own advice (load with weights_only=False) is exactly what must not be done with a stranger's file
+        lines = [x.strip() for x in text.splitlines() if x.strip() and not re.search("eights.only", x)]
+        detail = f"{type(e).__name__}: {lines[0].split('. ')[0][:160]}" if lines else type(e).__name__
+        raise UserError(f"cannot read checkpoint {path}: the file is truncated, damaged or not a checkpoint "
+                        f"({detail}); point --out_dir or --ckpt at an intact one, or train again") from None
     if not isinstance(ckpt, dict) or not {"model", "model_args"} <= set(ckpt):
         raise UserError(f"{path} is not a gptforge or nanoGPT checkpoint (no 'model' and 'model_args' keys)")
     ckpt["model"] = clean_state_dict(ckpt["model"])

@@ -97,6 +97,9 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         ckpt, source, problems = load_resumable(cfg.out_dir, map_location=env.device)
         if problems and env.is_main:
             print(f"{'; '.join(problems)}\nresuming from {source} (iter {ckpt['iter_num']}) instead", flush=True)
+        if ckpt.get("tokenizer") not in (None, tokenizer_spec(meta)):  # nanoGPT's checkpoints have none
+            raise UserError(f"{source} was trained with another vocabulary than dataset {cfg.dataset!r} has; resume "
+                            "on the dataset the model was trained on (--dataset, --data_dir)")
     model, model_args = build_model(cfg, meta, ckpt, source)
     if env.rank:
         torch.manual_seed(cfg.seed + env.rank)  # then each rank its own stream: batches and dropout differ
@@ -143,7 +146,15 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
             scaler.load_state_dict(ckpt["scaler"])
         iter_num, best_val_loss = int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
         restore_run_state(ckpt, env, train_batches)
-    if env.is_main:
+    next_data_state = train_batches.state_dict()  # the state that yields X, Y below: what a resume must restore
+    X, Y = train_batches.next_batch()  # (its token ids are checked against the vocabulary here, before any write)
+    # a sharded model needs every rank in each forward pass, so under FSDP all ranks sample (rank 0 logs)
+    sampler = Sampler(cfg, meta, env) if cfg.sample_interval > 0 and (env.is_main or fsdp) else None
+    if cfg.hellaswag_interval > 0:  # checked and loaded up front: a mistake shows before any training
+        hs_tok = from_spec(tokenizer_spec(meta))
+        check_tokenizer(hs_tok)
+        hs_examples = load_examples(hellaswag_file(cfg.hellaswag_path or None), cfg.hellaswag_limit or None)
+    if env.is_main:  # every input is checked by now: a mistake above leaves the run folder as it was
         prepare_out_dir(cfg)  # config.json once every 'auto' is resolved
     wandb = None
     if cfg.wandb_log:
@@ -151,12 +162,6 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
                      id=ckpt.get("wandb_run_id") if ckpt else None)
     metrics = Metrics(cfg.out_dir, enabled=env.is_main, resume_step=iter_num if ckpt else None, wandb=wandb,
                       tensorboard=cfg.tensorboard_log)
-    # a sharded model needs every rank in each forward pass, so under FSDP all ranks sample (rank 0 logs)
-    sampler = Sampler(cfg, meta, env) if cfg.sample_interval > 0 and (env.is_main or fsdp) else None
-    if cfg.hellaswag_interval > 0:  # checked and loaded up front: a mistake shows before any training
-        hs_tok = from_spec(tokenizer_spec(meta))
-        check_tokenizer(hs_tok)
-        hs_examples = load_examples(hellaswag_file(cfg.hellaswag_path or None), cfg.hellaswag_limit or None)
     cleanup = contextlib.ExitStack()  # what must close on every way out, errors included
     cleanup.enter_context(contextlib.closing(metrics))
     if cfg.dashboard and env.is_main:
@@ -212,8 +217,6 @@ def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
         names = ", ".join(os.path.basename(p) for p in paths)
         metrics.info(f"saved checkpoint {names} in {cfg.out_dir} at iter {iter_num} ({reason})")
 
-    next_data_state = train_batches.state_dict()  # the state that yields X, Y below: what a resume must restore
-    X, Y = train_batches.next_batch()
     losses: dict[str, float] = {}
     step_time, steps_timed, ema_dt, running_mfu = 0.0, 0, None, -1.0
     stop, bad_steps, start_iter = StopFlag(env), 0, iter_num
