@@ -453,4 +453,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(SRC))  # this checkout's gptforge here too, as in the children
     sys.exit(main())
