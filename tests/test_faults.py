@@ -85,7 +85,7 @@ def test_sigterm_mid_run_then_resume_equals_an_uninterrupted_run(char_data, tmp_
     assert "SIGTERM: finishing this step" in stdout and "continue with --init_from=resume" in stdout
     stopped_at = load_checkpoint(str(out / "ckpt.pt"))["iter_num"]
     assert 13 <= stopped_at < SIGNAL_RUN["max_iters"], stopped_at
-    assert f"saved checkpoint {out / 'ckpt.pt'} at iter {stopped_at} (stop requested)" in stdout
+    assert f"saved checkpoint ckpt.pt in {out} at iter {stopped_at} (stop requested)" in stdout
     assert [r["step"] for r in records(out) if r["kind"] == "train"] == list(range(stopped_at))
     assert not any(r["kind"] == "end" for r in records(out))
 

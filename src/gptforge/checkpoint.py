@@ -48,11 +48,11 @@ def save_checkpoint(path: str, state: dict[str, Any], copies: Sequence[str] = ()
             _fsync_file(tmp)
             os.replace(tmp, target)
         os.replace(tmps[-1], path)
-    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError from its OSError
+    except BaseException as e:  # a failed write, or a second Ctrl-C: no temporary file is left behind
         for tmp in tmps:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
-        cause = e
+        cause = e  # torch.save reports a failed write as a RuntimeError raised from the OSError
         while cause is not None and not isinstance(cause, OSError):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
