@@ -8,7 +8,12 @@ import os
 
 import pytest
 
+from conftest import run_cli, tiny_train_args
 from test_train import records, run
+
+
+def wandb_env(folder) -> dict[str, str]:
+    return {"WANDB_MODE": "offline", "WANDB_DIR": str(folder), "WANDB_SILENT": "true"}
 
 
 def test_samples_during_training_leave_training_untouched(char_data, tmp_path):
@@ -79,13 +84,12 @@ def wandb_log_records(path: str) -> list[bytes]:
     return records
 
 
-def test_wandb_offline_run_holds_the_logged_metrics(char_data, tmp_path, monkeypatch):
+def test_wandb_offline_run_holds_the_logged_metrics(char_data, tmp_path):
     pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    run(char_data, tmp_path / "r", max_iters=4, eval_interval=2, wandb_log=True, wandb_project="p",
-        wandb_run_name="tiny")
+    # a process of its own: wandb keeps per-process state (its service, settings) that outlives a run
+    r = run_cli("train", *tiny_train_args(char_data, tmp_path / "r", max_iters=4, eval_interval=2, wandb_log=True,
+                                          wandb_project="p", wandb_run_name="tiny"), env=wandb_env(tmp_path))
+    assert r.returncode == 0, r.stderr
     files = glob.glob(str(tmp_path / "wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, os.listdir(tmp_path)
     from wandb.proto import wandb_internal_pb2
@@ -135,19 +139,20 @@ def test_train_with_dashboard_serves_its_run(char_data, tmp_path):
     assert proc.returncode == 0
 
 
-def test_resumed_run_continues_the_same_wandb_run(char_data, tmp_path, monkeypatch):
+def test_resumed_run_continues_the_same_wandb_run(char_data, tmp_path):
     """The wandb run id travels in the checkpoint: a resume logs into the same run, not a new one."""
     pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
     common = dict(max_iters=6, lr_decay_iters=6, eval_interval=3, wandb_log=True, wandb_project="p")
-    run(char_data, tmp_path / "r", **{**common, "max_iters": 3})
+    r = run_cli("train", *tiny_train_args(char_data, tmp_path / "r", **{**common, "max_iters": 3}),
+                env=wandb_env(tmp_path))
+    assert r.returncode == 0, r.stderr
     from gptforge.checkpoint import load_checkpoint
 
     run_id = load_checkpoint(str(tmp_path / "r/ckpt.pt"))["wandb_run_id"]
     assert run_id
-    run(char_data, tmp_path / "r", **common, init_from="resume")
+    r = run_cli("train", *tiny_train_args(char_data, tmp_path / "r", **common, init_from="resume"),
+                env=wandb_env(tmp_path))
+    assert r.returncode == 0, r.stderr
     assert load_checkpoint(str(tmp_path / "r/ckpt.pt"))["wandb_run_id"] == run_id
     folders = glob.glob(str(tmp_path / "wandb/offline-run-*"))
     assert len(folders) == 2 and all(f.endswith(f"-{run_id}") for f in folders)
