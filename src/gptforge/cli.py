@@ -34,6 +34,16 @@ config keys (--key=DEFAULT  (type)):
 """
 
 
+
+def add_model_source(p: argparse.ArgumentParser, verb: str, out_dir_help: str) -> None:
+    """--out_dir / --ckpt / --init_from: where sample and eval take their model from."""
+    p.add_argument("--out_dir", default="out", help=out_dir_help)
+    p.add_argument("--ckpt", default=None, metavar="PATH",
+                   help=f"a checkpoint file to {verb} instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)")
+    p.add_argument("--init_from", default="resume",
+                   help="'resume' (the run in --out_dir), a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a "
+                   "local Hugging Face GPT-2 folder")
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gptforge", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"gptforge {__version__}")
@@ -74,12 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sample", help="sample text from a trained run", formatter_class=fmt,
                        description="Print samples from <out_dir>/ckpt.pt (or --ckpt PATH) to stdout, each followed "
                        "by a line of dashes.")
-    p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt")
-    p.add_argument("--ckpt", default=None, metavar="PATH",
-                   help="a checkpoint file to sample from instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)")
-    p.add_argument("--init_from", default="resume",
-                   help="'resume' (the run in --out_dir), a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a "
-                   "local Hugging Face GPT-2 folder")
+    add_model_source(p, "sample from", "run folder holding ckpt.pt")
     p.add_argument("--start", default="\n",
                    help="prompt text, or FILE:path to read it from a file (default: a newline)")
     p.add_argument("--num_samples", type=int, default=10, help="samples to draw")
@@ -112,12 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Score <out_dir>/ckpt.pt (or --ckpt PATH) on HellaSwag's validation set, "
                          "completion style; prints one line: examples, acc and acc_norm. Works under torchrun "
                          "(sharded).")
-    t.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt (a GPT-2 BPE run)")
-    t.add_argument("--ckpt", default=None, metavar="PATH",
-                   help="a checkpoint file to score instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)")
-    t.add_argument("--init_from", default="resume",
-                   help="'resume' (the run in --out_dir), a GPT-2 name (gpt2 ... gpt2-xl) or a Hugging Face "
-                   "GPT-2 folder")
+    add_model_source(t, "score", "run folder holding ckpt.pt (a GPT-2 BPE run)")
     t.add_argument("--hellaswag_path", default=None,
                    help="local hellaswag_val.jsonl; None = download it once into $GPTFORGE_CACHE_DIR/hellaswag "
                    "(~/.cache/gptforge/hellaswag)")
