@@ -64,9 +64,9 @@ def test_sample_start_from_file_and_gpt2_bpe_run(tmp_path, shakespeare_path, tik
     assert load_checkpoint(str(tmp_path / "out/ckpt.pt"))["model_args"]["vocab_size"] == 50304  # 50257 padded
 
 
-@pytest.mark.parametrize("command", ["prepare", "train", "sample", "export", "bench", "dashboard"])
+@pytest.mark.parametrize("command", ["prepare", "train", "sample", "export", "bench", "dashboard", "eval loss"])
 def test_help_lists_options_with_defaults(command):
-    r = run_cli(command, "--help")
+    r = run_cli(*command.split(), "--help")
     assert r.returncode == 0 and r.stderr == ""
     expected = {"prepare": ["--data_dir", "(default: data)", "--input"],
                 "train": ["--batch_size=12", "--dropout=0.0", "--init_from='scratch'", "--total_batch_size=0",
@@ -76,7 +76,9 @@ def test_help_lists_options_with_defaults(command):
                            "--ckpt PATH"],
                 "export": ["--out_dir", "--to", "--ckpt PATH"],
                 "bench": ["--compare", "--json", "(default 5)"],
-                "dashboard": ["--port", "(default: 8765)", "(default: 127.0.0.1)"]}[command]
+                "dashboard": ["--port", "(default: 8765)", "(default: 127.0.0.1)"],
+                "eval loss": ["--ckpt PATH", "--split {val,train,both}", "(default: val)", "--eval_iters",
+                              "perplexity"]}[command]
     flat = " ".join(r.stdout.split())  # help is wrapped to the terminal width
     for text in expected:
         assert text in flat, text

@@ -35,6 +35,12 @@ config keys (--key=DEFAULT  (type)):
 
 
 
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
+
+
 def add_model_source(p: argparse.ArgumentParser, verb: str, out_dir_help: str) -> None:
     """--out_dir / --ckpt / --init_from: where sample and eval take their model from."""
     p.add_argument("--out_dir", default="out", help=out_dir_help)
@@ -98,9 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no_cache", dest="use_cache", action="store_false",
                    help="recompute the whole context at every token instead of using the KV cache")
     p.add_argument("--seed", type=int, default=1337, help="random seed: the same seed gives the same samples")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
+    add_device(p)
 
     p = sub.add_parser("dashboard", help="live web dashboard of training runs",
                        formatter_class=fmt, description="Serve a live dashboard of the runs under FOLDERs: "
@@ -109,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 lets other machines read your runs")
     p.add_argument("--port", type=int, default=8765, help="port to listen on; 0 picks a free one")
-    p = sub.add_parser("eval", help="evaluate a trained run (hellaswag)", formatter_class=fmt,
+    p = sub.add_parser("eval", help="evaluate a trained run (hellaswag, loss)", formatter_class=fmt,
                        description="Evaluate <out_dir>/ckpt.pt (or --ckpt PATH) on a benchmark; the result goes to "
                        "stdout.")
     tasks = p.add_subparsers(dest="task", required=True)
@@ -123,9 +127,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "(~/.cache/gptforge/hellaswag)")
     t.add_argument("--limit", type=int, default=None, help="score only the first N examples; None = all 10,042")
     t.add_argument("--batch_size", type=int, default=4, help="examples per forward pass (4 sequences each)")
-    t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
-    t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
+    add_device(t)
+    t = tasks.add_parser("loss", help="loss and perplexity on a dataset's splits", formatter_class=fmt,
+                         description="Measure <out_dir>/ckpt.pt (or --ckpt PATH, or GPT-2's weights) on a prepared "
+                         "dataset: the mean cross-entropy over --eval_iters batches per split and its perplexity. "
+                         "Prints one line per split to stdout. The batches come from a private generator seeded "
+                         "with --seed, so the same command gives the same figures.")
+    add_model_source(t, "measure", "run folder holding ckpt.pt")
+    t.add_argument("--dataset", default=None, help="dataset folder name under --data_dir (default: the run's)")
+    t.add_argument("--data_dir", default=None, help="folder holding dataset folders (default: the run's, or data)")
+    t.add_argument("--split", default="val", choices=["val", "train", "both"], help="which split(s) to measure")
+    t.add_argument("--eval_iters", type=int, default=None, help="batches per split (default: the run's, or 200)")
+    t.add_argument("--batch_size", type=int, default=None, help="sequences per batch (default: the run's, or 8)")
+    t.add_argument("--block_size", type=int, default=None,
+                   help="tokens per sequence (default: the run's; at most the model's block_size)")
+    t.add_argument("--seed", type=int, default=1337, help="seed of the batch positions")
+    add_device(t)
 
     p = sub.add_parser("export", help="write a run's model as a Hugging Face GPT-2 folder", formatter_class=fmt,
                        description="Write <out_dir>/ckpt.pt (or --ckpt PATH) as a Hugging Face GPT-2 folder "
@@ -176,7 +193,7 @@ def run(argv: Sequence[str]) -> int:
 
         serve(args.folders, host=args.host, port=args.port)
     elif args.command == "eval":
-        run_eval_hellaswag(args)
+        run_eval_hellaswag(args) if args.task == "hellaswag" else run_eval_loss(args)
     elif args.command == "export":
         run_export(args)
     return 0
@@ -254,6 +271,57 @@ def run_bench(args: list[str]) -> int:
 
     bench(load_config(rest), as_json=opts.pop("json"), **opts)
     return 0
+def run_eval_loss(args: argparse.Namespace) -> None:
+    """`gptforge eval loss`: a model's mean loss and perplexity on a dataset's splits (one process)."""
+    for key in ("eval_iters", "batch_size", "block_size"):
+        if getattr(args, key) is not None and getattr(args, key) <= 0:
+            raise UserError(f"--{key} must be a positive integer, got {getattr(args, key)}")
+    import math
+
+    from gptforge.data.loader import RandomBatches, ShardedBatches, dataset_dir, read_meta, split_files
+    from gptforge.distributed import autocast_context, resolve_device, resolve_dtype
+    from gptforge.evaluate.loss import estimate_loss
+    from gptforge.sample import SampleArgs, checkpoint_path, load_checkpoint_model, load_model
+    from gptforge.tokenizer import tokenizer_spec
+
+    device = resolve_device(args.device)
+    run = {}  # the run's config: its dataset and batch shape are the defaults
+    if args.init_from == "resume":
+        model, tok, ckpt = load_checkpoint_model(checkpoint_path(args.out_dir, args.ckpt), device)
+        run = ckpt.get("config") or {}
+        del ckpt
+    else:
+        model, tok = load_model(SampleArgs(out_dir=args.out_dir, init_from=args.init_from, ckpt=args.ckpt), device)
+    dataset = args.dataset or run.get("dataset")
+    if not dataset:
+        raise UserError("--dataset: name the prepared dataset to measure on (e.g. --dataset=shakespeare)")
+    folder = dataset_dir(args.data_dir or run.get("data_dir", "data"), dataset)
+    meta = read_meta(folder)
+    if tokenizer_spec(meta) != tok.spec():
+        raise UserError(f"dataset {folder} is tokenized differently ({meta['tokenizer']}) from what the model "
+                        f"reads ({tok.kind}); choose a dataset made with the model's tokenizer (--dataset)")
+    block = min(args.block_size or run.get("block_size") or model.config.block_size, model.config.block_size)
+    batch, iters = args.batch_size or run.get("batch_size", 8), args.eval_iters or run.get("eval_iters", 200)
+    splits = ["val", "train"] if args.split == "both" else [args.split]
+    vocab = model.config.vocab_size
+    if meta.get("format") == "shards":  # the first windows of each split, in order, as training evaluates
+        loaders = {s: ShardedBatches(split_files(folder, s, meta), batch, block, vocab, device, 1, 0, 1, args.seed,
+                                     meta["dtype"]) for s in splits}
+    else:
+        loaders = {s: RandomBatches(os.path.join(folder, f"{s}.bin"), batch, block, vocab, device, seed=args.seed,
+                                    dtype=meta["dtype"]) for s in splits}
+    dtype = resolve_dtype(args.dtype, torch_device_type(device))
+    print(f"loss: {iters} batches of {batch} x {block} tokens per split from {folder} on {device} ({dtype})",
+          file=sys.stderr, flush=True)
+    losses = estimate_loss(model, loaders, iters, autocast_context(torch_device_type(device), dtype))
+    for split in splits:
+        print(f"{split} loss {losses[split]:.4f} (ppl {math.exp(min(losses[split], 700)):.2f})")
+
+
+def torch_device_type(device: str) -> str:
+    return device.split(":")[0]
+
+
 def run_eval_hellaswag(args: argparse.Namespace) -> None:
     """`gptforge eval hellaswag`: one process, or one per device under torchrun (rank 0 prints the result)."""
     for key in ("limit", "batch_size"):
