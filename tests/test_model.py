@@ -240,3 +240,11 @@ def test_generation_leaves_the_global_rng_alone():
     torch.manual_seed(9)
     model.generate(torch.zeros(1, 2, dtype=torch.long), 5, generator=torch.Generator().manual_seed(1))
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_model_vocab_size_pads_gpt2_bpe_only():
+    from gptforge.model import model_vocab_size
+
+    assert model_vocab_size({"vocab_size": 50257, "tokenizer": "gpt2"}) == 50304
+    assert model_vocab_size({"vocab_size": 50304, "tokenizer": "gpt2"}) == 50304
+    assert model_vocab_size({"vocab_size": 65, "tokenizer": "char"}) == 65

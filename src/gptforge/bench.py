@@ -35,7 +35,7 @@ from gptforge.distributed import (
     resolve_dtype,
 )
 from gptforge.errors import UserError
-from gptforge.model import GPT, GPTConfig
+from gptforge.model import GPT, GPTConfig, model_vocab_size
 from gptforge.optim import accumulate_gradients, configure_optimizer
 
 
@@ -118,7 +118,7 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
     device = resolve_device(cfg.device)
     dev_type = device.split(":")[0]
     configure_backends(dev_type)
-    vocab_size = 50304 if cfg.dataset == "openwebtext" else _dataset_vocab(cfg)
+    vocab_size = _dataset_vocab(cfg)
     default = Mode("default", cfg, device, resolve_dtype(cfg.dtype, dev_type, cfg.n_embd),
                    resolve_compile(cfg.compile, dev_type), fused=dev_type == "cuda", vocab_size=vocab_size)
     modes = [default]
@@ -214,9 +214,10 @@ def _dataset_vocab(cfg: TrainConfig) -> int:
 
     folder = os.path.join(cfg.data_dir, cfg.dataset)
     if os.path.isdir(folder):
-        meta = read_meta(folder)
-        return meta["vocab_size"] if meta["tokenizer"] == "char" else 50304
-    return 65 if cfg.dataset.endswith("_char") else 50304
+        return model_vocab_size(read_meta(folder))  # what train would build
+    # no prepared data: nanoGPT's shakespeare_char (65 characters) or GPT-2 BPE
+    return model_vocab_size({"vocab_size": 65, "tokenizer": "char"} if cfg.dataset.endswith("_char")
+                            else {"vocab_size": 50257, "tokenizer": "gpt2"})
 
 
 def _cpu_name() -> str:

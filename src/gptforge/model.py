@@ -284,3 +284,10 @@ def sample_next(
         logits = logits.masked_fill(drop, -float("inf"))
     probs = F.softmax(logits, dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+
+
+def model_vocab_size(meta: dict) -> int:
+    """The embedding rows a new model gets for a dataset's vocabulary: GPT-2 BPE's 50257 padded to a multiple of
+    64 (50304), which matmul kernels prefer (the extra rows never occur in data); a char vocabulary as it is."""
+    vocab = meta["vocab_size"]
+    return -(-vocab // 64) * 64 if meta["tokenizer"] == "gpt2" else vocab

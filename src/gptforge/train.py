@@ -56,7 +56,7 @@ from gptforge.errors import UserError
 from gptforge.evaluate.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_file, load_examples
 from gptforge.evaluate.loss import estimate_loss
 from gptforge.metrics import Metrics
-from gptforge.model import GPT, MODEL_ARGS, GPTConfig
+from gptforge.model import GPT, MODEL_ARGS, GPTConfig, model_vocab_size
 from gptforge.optim import accumulate_gradients, configure_optimizer, get_lr
 from gptforge.sample import Sampler
 from gptforge.tokenizer import from_spec, tokenizer_spec
@@ -317,11 +317,8 @@ def build_model(cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | N
     if cfg.init_from not in ("scratch", "resume"):
         model, model_args = pretrained_model(cfg, meta)
     elif ckpt is None:
-        vocab = meta["vocab_size"]
-        if meta["tokenizer"] == "gpt2":
-            vocab = math.ceil(vocab / 64) * 64  # 50257 -> 50304: matmul-friendly; the extra rows never occur
         model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
-                          bias=cfg.bias, vocab_size=vocab)
+                          bias=cfg.bias, vocab_size=model_vocab_size(meta))
     else:
         model_args = {k: ckpt["model_args"][k] for k in MODEL_ARGS}
     if cfg.init_from != "scratch":
