@@ -8,7 +8,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src" / "gptforge"
 
 # Tiers, bottom up: a module may import the tiers below its own (errors, a leaf, is open to all).
-LEAVES = {"model", "tokenizer", "data.loader", "optim", "distributed", "metrics", "errors", "config"}
+LEAVES = {"model", "tokenizer", "data.loader", "data.sources", "optim", "distributed", "metrics", "errors", "config"}
 STORAGE = {"checkpoint", "pretrained", "data.prepare", "data.shards"}
 USES = {"sample", "evaluate.loss", "evaluate.hellaswag"}
 ALLOWED = {
