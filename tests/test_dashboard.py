@@ -195,6 +195,61 @@ def test_run_state_rule(tmp_path, dashboard):
                       "ended": "finished"}
 
 
+def skip_line(step: int, in_a_row: int, t: float, loss: float = float("nan"), grad_norm: float = float("nan")) -> str:
+    """A skip record as train writes it (json.dumps allows NaN: the line holds a bare NaN)."""
+    return json.dumps({"step": step, "kind": "skip", "loss": loss, "grad_norm": grad_norm, "in_a_row": in_a_row,
+                       "max_bad_steps": 10, "time": t}) + "\n"
+
+
+def test_summary_counts_skipped_steps_and_the_api_lists_them(tmp_path, dashboard, monkeypatch):
+    run = write_run(tmp_path / "runs" / "nan", 30, max_iters=100)
+    clean = write_run(tmp_path / "runs" / "clean", 5, max_iters=100)
+    t = time.time()
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write(skip_line(30, 1, t))
+        fh.write(skip_line(31, 2, t, loss=3.5, grad_norm=float("inf")))
+    text = (run / "metrics.jsonl").read_text()
+    assert "NaN" in text and "Infinity" in text  # written as train writes them, not as valid JSON
+    # a long history around the skips: the summary skims train lines by their marker, yet counts every skip
+    lines = [json.dumps({"step": s, "kind": "train", "loss": 2.0, "time": t}) + "\n" for s in range(32, 3032)]
+    lines.insert(1000, skip_line(1031, 1, t))
+    (run / "metrics.jsonl").write_text(text + "".join(lines))
+
+    from gptforge.dashboard import runs as runs_module
+    parsed = []
+    parse = runs_module.parse_line
+    monkeypatch.setattr(runs_module, "parse_line", lambda raw: parsed.append(raw) or parse(raw))
+    index = RunIndex([str(tmp_path / "runs")])
+    nan_run = {r.id: r for r in index.runs()}["nan"]
+    nan_run.refresh()
+    s = nan_run.summary
+    assert s.skipped == 3 and s.last_skip["step"] == 1031 and s.last_skip["loss"] is None
+    assert s.last_train["step"] == 3031 and len(parsed) < 100, len(parsed)  # skimmed: not 3,000 parses
+    monkeypatch.undo()
+
+    url = dashboard(tmp_path / "runs")
+    listed = {r["id"]: r for r in get_json(url, "/api/runs")["runs"]}  # strict JSON: NaN arrives as null
+    assert listed["clean"]["skipped"] == 0 and listed["clean"]["last_skip"] is None
+    assert listed["nan"]["skipped"] == 3
+    assert listed["nan"]["last_skip"] == {"step": 1031, "loss": None, "grad_norm": None, "in_a_row": 1,
+                                          "max_bad_steps": 10}
+    assert listed["nan"]["step"] == 3031 and listed["nan"]["loss"] == 2.0
+
+    # new lines are read incrementally: one more skip counts once, a fresh file (renamed in) starts from 0
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write(skip_line(3032, 1, t, loss=float("-inf"), grad_norm=0.5))
+    listed = {r["id"]: r for r in get_json(url, "/api/runs")["runs"]}
+    assert listed["nan"]["skipped"] == 4 and listed["nan"]["last_skip"]["grad_norm"] == 0.5
+    records = get_json(url, "/api/runs/nan/metrics?offset=0")["records"]
+    skips = [r for r in records if r["kind"] == "skip"]
+    assert [(r["step"], r["loss"], r["grad_norm"], r["in_a_row"]) for r in skips] == [
+        (30, None, None, 1), (31, 3.5, None, 2), (1031, None, None, 1), (3032, None, 0.5, 1)]
+    tmp = clean / "metrics.jsonl.tmp"
+    tmp.write_text(json.dumps({"step": 0, "kind": "train", "loss": 4.0, "time": t}) + "\n" + skip_line(1, 1, t))
+    os.replace(tmp, clean / "metrics.jsonl")
+    assert {r["id"]: r["skipped"] for r in get_json(url, "/api/runs")["runs"]} == {"clean": 1, "nan": 4}
+
+
 TRAVERSALS = [
     "/../etc/passwd", "/static/../../pyproject.toml", "/static/..%2f..%2fpyproject.toml", "/%2e%2e/%2e%2e/etc/passwd",
     "/static/%2e%2e/%2e%2e/pyproject.toml", "/%252e%252e/pyproject.toml", "/api/runs/..%2f..%2fetc/config",
@@ -391,3 +446,85 @@ def test_page_follows_a_live_training_run_and_compares_runs(tmp_path, char_data)
             except subprocess.TimeoutExpired:
                 proc.kill()
     assert not [e for e in errors if "404" not in e and "403" not in e], errors
+
+
+SKIP_TRACES = """id => Object.fromEntries(['chart-loss', 'chart-grad'].map(c => [c,
+    (document.getElementById(c).data || []).filter(t => t.name === id + ' skipped')
+    .map(t => ({x: Array.from(t.x), text: Array.from(t.text), yaxis: t.yaxis, symbol: t.marker.symbol,
+                mode: t.mode, color: t.marker.color}))]))"""
+
+
+def test_page_marks_skipped_steps_and_counts_them_in_the_run_list(tmp_path, dashboard):
+    """A run folder written by hand (no training): skip lines become red x markers with the reason on hover."""
+    sync_playwright = need_browser()
+    t0 = time.time() - 60
+    run = write_run(tmp_path / "nan", 40, max_iters=100, t0=t0)
+    skips = {12: skip_line(12, 1, t0 + 12), 25: skip_line(25, 1, t0 + 25, loss=2.5, grad_norm=float("inf")),
+             26: skip_line(26, 2, t0 + 26)}
+    lines = []  # a skipped step writes a skip line instead of its train line
+    for raw in (run / "metrics.jsonl").read_text().splitlines(keepends=True):
+        record = json.loads(raw)
+        lines.append(skips[record["step"]] if record["kind"] == "train" and record["step"] in skips else raw)
+    (run / "metrics.jsonl").write_text("".join(lines))
+    # a run that diverged: max_bad_steps skips in a row, then train exited without an end line (crashed)
+    diverged = write_run(tmp_path / "diverged", 10, max_iters=100, t0=t0)
+    with open(diverged / "metrics.jsonl", "a") as fh:
+        fh.writelines(skip_line(10 + k, k + 1, t0 + 10 + k) for k in range(10))
+    os.utime(diverged / "metrics.jsonl", (t0, t0))
+    write_run(tmp_path / "fine", 5, max_iters=100, t0=t0)
+    url = dashboard(tmp_path)
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto(url + "#runs=nan")
+            page.wait_for_function(f"() => ({SKIP_TRACES})('nan')['chart-loss'].length === 1", timeout=15_000)
+            traces = page.evaluate(f"({SKIP_TRACES})('nan')")
+            for chart in ("chart-loss", "chart-grad"):
+                (skip,) = traces[chart]
+                assert skip["x"] == [12, 25, 26] and skip["mode"] == "markers" and skip["symbol"] == "x"
+                assert skip["yaxis"] == "y2"  # a hidden 0..1 axis: the markers sit along the bottom at any scale
+                assert skip["text"] == ["step 12 skipped: loss/grad norm not finite (1 in a row)",
+                                        "step 25 skipped: loss/grad norm not finite (1 in a row)",
+                                        "step 26 skipped: loss/grad norm not finite (2 in a row)"]
+            # the train curve has no point at a skipped step
+            train_x = page.evaluate("""() => Array.from(document.getElementById('chart-loss').data
+                .find(t => t.name === 'nan train').x)""")
+            assert 12 not in train_x and 25 not in train_x and len(train_x) == 37
+
+            # the hover text is what the chart shows over a marker
+            page.evaluate("""() => { const div = document.getElementById('chart-loss');
+                const i = div.data.findIndex(t => t.name === 'nan skipped');
+                Plotly.Fx.hover(div, [{curveNumber: i, pointNumber: 1}]); }""")
+            hover = page.locator("#chart-loss .hovertext").first.text_content(timeout=5_000)
+            assert "step 25 skipped: loss/grad norm not finite (1 in a row)" in hover
+            assert "loss 2.5000, grad norm not finite" in hover
+            page.evaluate("() => Plotly.Fx.unhover(document.getElementById('chart-loss'))")
+            page.check("#logscale")  # a log loss axis leaves the markers where they were
+            page.wait_for_function("() => document.getElementById('chart-loss').layout.yaxis.type === 'log'")
+            assert page.evaluate("() => document.getElementById('chart-loss').layout.yaxis2.range") == [0, 1]
+            assert page.evaluate(f"({SKIP_TRACES})('nan')") == traces
+            page.uncheck("#logscale")
+
+            badge = page.locator("li.run[data-id='nan'] .skips")
+            assert badge.inner_text() == "3 skipped"
+            assert "the last at step 26, 2 in a row (the run stops at 10 in a row)" in badge.get_attribute("title")
+            assert page.locator(".card[data-id='nan'] .skips").inner_text() == "3 skipped"
+            assert page.locator("li.run[data-id='fine'] .skips").count() == 0  # no badge without skips
+            assert page.locator("li.run[data-id='diverged'] .skips").inner_text() == "10 skipped"
+
+            page.click("li.run[data-id='diverged'] .name")  # alone: its card says why it stopped
+            card = page.locator(".card[data-id='diverged'] .badge")
+            card.wait_for(timeout=10_000)
+            assert card.inner_text() == "crashed" and "(--max_bad_steps)" in card.get_attribute("title")
+            page.wait_for_function(f"() => ({SKIP_TRACES})('diverged')['chart-loss'].length === 1", timeout=10_000)
+            assert page.evaluate(f"({SKIP_TRACES})('diverged')")["chart-loss"][0]["x"] == list(range(10, 20))
+            shot = tmp_path / "skips.png"
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"screenshot: {shot}")
+        finally:
+            browser.close()
+    assert not errors, errors

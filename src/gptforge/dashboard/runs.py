@@ -13,6 +13,10 @@ State of a run (`Run.state()`), decided from the files alone:
             saved a checkpoint on the way out; `--init_from=resume` continues it
   crashed   otherwise: no new line for a while and no checkpoint after the last one
   missing   metrics.jsonl is gone (the folder was deleted or renamed while watched)
+
+Skipped steps: train writes `{"kind": "skip", "loss": NaN, "grad_norm": NaN, "in_a_row": k, "max_bad_steps": m}`
+for a step whose loss or gradient norm was not finite (the weights stay as they were), and stops after m such
+steps in a row without an `end` line. The summary counts them (`skipped`) and keeps the last one (`last_skip`).
 """
 
 from __future__ import annotations
@@ -201,11 +205,14 @@ class Summary:
     last_eval: dict[str, Any] | None = None
     best_val: float | None = None
     ended: bool = False
+    skipped: int = 0  # skip records: steps whose loss or gradient norm was not finite
+    last_skip: dict[str, Any] | None = None
     gaps: list[float] = field(default_factory=list)  # seconds between recent lines
 
     def add_lines(self, lines: list[bytes]) -> None:
         """Parse what the summary needs: every line but train lines, except the last train line and the last
-        few lines (for the gaps). A long run's history is skimmed, not parsed: fast on 100 MB of metrics."""
+        few lines (for the gaps). A long run's history is skimmed, not parsed: fast on 100 MB of metrics.
+        Skip lines (and every other kind) lack the marker, so each one is parsed and counted."""
         marker = b'"kind": "train"'  # as metrics.py writes it; a line written otherwise is simply parsed
         last_train = max((i for i in range(len(lines) - 1, -1, -1) if marker in lines[i]), default=-1)
         tail = len(lines) - 20
@@ -233,6 +240,9 @@ class Summary:
             val = record.get("val_loss")
             if isinstance(val, (int, float)) and (self.best_val is None or val < self.best_val):
                 self.best_val = val
+        elif kind == "skip":
+            self.skipped += 1
+            self.last_skip = record
         elif kind == "end":
             self.ended = True
 
@@ -324,6 +334,9 @@ class Run:
             "loss": s.last_train.get("loss") if s.last_train else None,
             "val_loss": s.last_eval.get("val_loss") if s.last_eval else None,
             "best_val_loss": s.best_val,
+            "skipped": s.skipped,
+            "last_skip": {k: s.last_skip.get(k) for k in ("step", "loss", "grad_norm", "in_a_row", "max_bad_steps")}
+            if s.last_skip else None,
             "started": s.first_time,
             "updated": st.st_mtime if st is not None else None,
             "size": st.st_size if st is not None else None,

@@ -6,7 +6,8 @@
 
 Python's standard library only, and never torch or numpy, so it starts at once. API (GET, JSON):
 
-    /api/runs                                   {"runs": [run summary...], "roots": [...], "now": t}
+    /api/runs                                   {"runs": [run summary...], "roots": [...], "now": t}; a
+                                                summary counts skipped steps: "skipped", "last_skip"
     /api/runs/<id>/metrics?offset=N&file=F      records of metrics.jsonl from byte N: {"records", "offset",
                                                 "file", "size", "more", "skipped", "reset"}; ask again with the
                                                 returned offset and file for the new lines only

@@ -79,6 +79,7 @@ function emptyData() {
     offset: 0, file: "", missing: false, ended: false,
     train, eval: { step: [], val_loss: [], train_loss: [] },
     hellaswag: { step: [], acc: [], acc_norm: [] }, sample: [],
+    skip: { step: [], loss: [], grad_norm: [], in_a_row: [] },  // steps skipped: loss or grad norm not finite
   };
 }
 
@@ -97,6 +98,11 @@ function addRecords(d, records) {
       d.hellaswag.step.push(r.step);
       d.hellaswag.acc.push(num(r.acc));
       d.hellaswag.acc_norm.push(num(r.acc_norm));
+    } else if (r.kind === "skip") {
+      d.skip.step.push(r.step);
+      d.skip.loss.push(num(r.loss));  // null: NaN or infinite (the server sends non-finite numbers as null)
+      d.skip.grad_norm.push(num(r.grad_norm));
+      d.skip.in_a_row.push(typeof r.in_a_row === "number" ? r.in_a_row : null);
     } else if (r.kind === "sample") {
       d.sample.push(r);
       if (d.sample.length > 50) d.sample.shift();
@@ -297,6 +303,26 @@ function line(run, x, y, extra) {
   }, extra || {});
 }
 
+// Skipped steps: red x markers along the bottom of a chart (on a hidden 0..1 axis, so they sit at their step
+// whatever the loss scale), each with its reason on hover.
+function skipAxis() { return { overlaying: "y", range: [0, 1], fixedrange: true, visible: false }; }
+
+function skipText(step, inARow) {
+  return `step ${step} skipped: loss/grad norm not finite` + (inARow === null ? "" : ` (${inARow} in a row)`);
+}
+
+function skipTrace(run, sk) {
+  const value = (v) => (v === null ? "not finite" : fmtNum(v, 4));
+  return {
+    type: "scatter", mode: "markers", x: sk.step.slice(), y: sk.step.map(() => 0.03), yaxis: "y2",
+    name: `${run.name} skipped`, legendgroup: run.id, showlegend: false, cliponaxis: false,
+    marker: { symbol: "x", size: 9, color: cssVar("--crashed"), line: { width: 1, color: cssVar("--crashed") } },
+    text: sk.step.map((s, i) => skipText(s, sk.in_a_row[i])),
+    customdata: sk.step.map((s, i) => `loss ${value(sk.loss[i])}, grad norm ${value(sk.grad_norm[i])}`),
+    hovertemplate: `${run.name}<br>%{text}<br>%{customdata}<extra></extra>`,
+  };
+}
+
 // ---------- charts ----------
 function cssVar(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
 
@@ -350,7 +376,7 @@ function selectedRuns() {
 function renderCharts() {
   const runs = selectedRuns();
   const multi = runs.length > 1;
-  const loss = [], lr = [], grad = [], tps = [], mfu = [], hs = [];
+  const loss = [], lr = [], grad = [], tps = [], mfu = [], hs = [], skips = [];
   for (const run of runs) {
     const d = S.data.get(run.id);
     if (!d) continue;
@@ -364,6 +390,7 @@ function renderCharts() {
     loss.push(line(run, d.eval.step, d.eval.val_loss, { name: `${run.name} val`, mode: "lines+markers",
       line: { color: c, width: 2, dash: "dash" }, marker: { size: 7, color: c, line: { color: cssVar("--panel"), width: 1.5 } },
       hovertemplate: `${run.name} val<br>step %{x}: %{y:.4f}<extra></extra>` }));
+    if (d.skip.step.length) skips.push(skipTrace(run, d.skip));
     lr.push(line(run, t.step, t.lr, { hovertemplate: `${run.name}<br>step %{x}: %{y:.3e}<extra></extra>` }));
     grad.push(line(run, t.step, smooth(t.grad_norm, S.smoothing)));
     tps.push(line(run, t.step, smooth(t.tokens_per_s, S.smoothing),
@@ -381,10 +408,11 @@ function renderCharts() {
   }
   const logType = S.log ? "log" : "linear";
   const legend = { showlegend: multi, legend: { orientation: "h", y: -0.18 } };
-  draw("chart-loss", loss, Object.assign({ yaxis: { title: { text: "loss" }, type: logType,
-    uirevision: `${logType}` } }, multi ? legend : {}, multi ? { margin: { l: 60, r: 16, t: 8, b: 70 } } : {}));
+  draw("chart-loss", loss.concat(skips), Object.assign({ yaxis: { title: { text: "loss" }, type: logType,
+    uirevision: `${logType}` }, yaxis2: skipAxis() }, multi ? legend : {},
+    multi ? { margin: { l: 60, r: 16, t: 8, b: 70 } } : {}));
   draw("chart-lr", lr, { yaxis: { exponentformat: "e", tickformat: ".1e" } });
-  draw("chart-grad", grad, { yaxis: { type: logType, uirevision: `${logType}` } });
+  draw("chart-grad", grad.concat(skips), { yaxis: { type: logType, uirevision: `${logType}` }, yaxis2: skipAxis() });
   draw("chart-tps", tps, { yaxis: { tickformat: ",.0f" } });
   draw("chart-mfu", mfu, { yaxis: { ticksuffix: "%" } });
   $("panel-hellaswag").hidden = hs.length === 0;
@@ -410,7 +438,7 @@ function renderRunList() {
     box.checked = selected;
     box.addEventListener("click", (ev) => { ev.stopPropagation(); toggleRun(run.id, false); });
     const p = progress(run);
-    const sub = [el("span", { class: `badge ${run.state}` }, run.state)];
+    const sub = [el("span", { class: `badge ${run.state}` }, run.state), skipBadge(run)];
     if (run.step !== null) sub.push(el("span", {}, run.max_iters ? `${run.step}/${run.max_iters}` : `step ${run.step}`));
     if (run.state === "running" && run.eta_s !== null) sub.push(el("span", {}, `eta ${fmtDuration(run.eta_s)}`));
     if (run.best_val_loss !== null) sub.push(el("span", {}, `val ${fmtNum(run.best_val_loss, 3)}`));
@@ -426,6 +454,25 @@ function renderRunList() {
   $("roots").textContent = S.roots.length ? `Watching ${S.roots.join(", ")}` : "";
   $("empty").hidden = runs.length > 0;
   $("empty-roots").textContent = S.roots.join(", ");
+}
+
+function skipBadge(run) {  // "3 skipped" when the run skipped steps whose loss or grad norm was not finite
+  if (!run.skipped) return null;
+  const ls = run.last_skip;
+  let title = `${run.skipped} step${run.skipped === 1 ? "" : "s"} skipped: loss or grad norm not finite, ` +
+    "weights left unchanged";
+  if (ls) {
+    title += `; the last at step ${ls.step}`;
+    if (Number.isFinite(ls.in_a_row)) title += `, ${ls.in_a_row} in a row`;
+    if (Number.isFinite(ls.max_bad_steps)) title += ` (the run stops at ${ls.max_bad_steps} in a row)`;
+  }
+  return el("span", { class: "skips", title }, `${run.skipped} skipped`);
+}
+
+function stoppedByBadSteps(run) {  // train exits after max_bad_steps skips in a row, without an end line
+  const ls = run.last_skip;
+  return Boolean(ls && ls.step === run.step && Number.isFinite(ls.in_a_row) && Number.isFinite(ls.max_bad_steps)
+    && ls.in_a_row >= ls.max_bad_steps);
 }
 
 function stat(label, value) { return el("div", { class: "stat" }, el("span", {}, label), el("b", {}, value)); }
@@ -452,10 +499,14 @@ function renderCards() {
       crashed: "no new line for a while and no checkpoint after the last one",
       missing: "metrics.jsonl is gone: the folder was deleted or moved",
     }[run.state] || "";
+    const tip = (run.state === "running" || run.state === "crashed") && stoppedByBadSteps(run)
+      ? `training stopped: ${run.last_skip.in_a_row} steps in a row had a loss or grad norm that was not finite ` +
+        "(--max_bad_steps); the last good checkpoint is intact" : titleTip;
     const tps = last(d.train.tokens_per_s), mfu = last(d.train.mfu);
     cards.append(el("div", { class: "card", style: `--swatch:${colour(run)}`, "data-id": run.id },
       el("div", { class: "title" }, el("strong", { title: run.name }, run.name),
-        el("span", { class: `badge ${run.state}`, title: titleTip }, run.state)),
+        el("span", { class: "badges" }, skipBadge(run),
+          el("span", { class: `badge ${run.state}`, title: tip }, run.state))),
       p === null ? null : el("div", { class: "bar" }, el("div", { style: `width:${(p * 100).toFixed(1)}%` })),
       el("div", { class: "progress-text" }, el("span", {}, left), el("span", {}, right)),
       el("div", { class: "stats" },
