@@ -124,6 +124,58 @@ def test_scores_match_a_float64_reference(tiktoken_cache, block_size):
     assert not model.training
 
 
+def full_logits_losses(model: GPT, rendered: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The straightforward scoring: every position's logits (R, L, V), then the ending tokens' log-probabilities."""
+    from torch.nn import functional as F
+
+    L = max(t.size(1) for t, _, _ in rendered)
+    tokens = torch.cat([F.pad(t, (0, L - t.size(1))) for t, _, _ in rendered])  # (R, L)
+    scored = torch.cat([F.pad(m, (0, L - m.size(1))) for _, m, _ in rendered])[:, 1:].float()  # (R, L-1)
+    logits, _ = model(tokens, torch.zeros_like(tokens))  # (R, L, V)
+    logp = F.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (R, L-1)
+    sum_loss = -(logp * scored).sum(dim=1)  # (R,)
+    return sum_loss.view(-1, 4), (sum_loss / scored.sum(dim=1)).view(-1, 4)
+
+
+@torch.no_grad()
+def test_logits_at_ending_positions_only_give_the_full_logits_answers(tiktoken_cache, hellaswag_path):
+    """score_rendered applies lm_head to the positions that predict ending tokens alone; on real examples
+    (padded batches, some rows cropped to block_size 48) the answers are those of all positions' logits."""
+    model, tok = tiny_gpt(block_size=48, vocab_size=50304), GPT2Tokenizer()
+    examples = hs.load_examples(str(hellaswag_path), limit=40)
+    rendered = [hs.render_example(ex, tok, block_size=48) for ex in examples]
+    lm_head_rows = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: lm_head_rows.append(args[0].shape[0]))
+    new, ref = [], []  # per batch of 4 examples: (sum_loss, mean_loss), each (4, 4)
+    for start in range(0, len(rendered), 4):
+        batch = rendered[start : start + 4]
+        lm_head_rows.clear()
+        new.append(hs.score_rendered(model, batch, "cpu"))
+        assert lm_head_rows == [sum(int(m[:, 1:].sum()) for _, m, _ in batch)]  # the ending positions, no more
+        ref.append(full_logits_losses(model, batch))
+    hook.remove()
+    new_sum, new_mean = (torch.cat(x) for x in zip(*new, strict=True))  # (40, 4) each
+    ref_sum, ref_mean = (torch.cat(x) for x in zip(*ref, strict=True))
+    # Equal bit for bit here; another BLAS may round (M, C) x (C, V) and (R*L, C) x (C, V) apart. Summed losses
+    # reach ~370, where a float32 step is 3e-5: within 1e-5 relative for them, absolute for the means (~11).
+    torch.testing.assert_close(new_sum, ref_sum, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(new_mean, ref_mean, rtol=0, atol=1e-5)
+    assert torch.equal(new_sum.argmin(1), ref_sum.argmin(1)) and torch.equal(new_mean.argmin(1), ref_mean.argmin(1))
+    # Under bf16 autocast, through a wrapper shaped like DDP's (the GPT as .module; calling it would raise):
+    # equal here too. bf16 keeps 8 bits, so another machine's kernels may round the two apart by ~1e-3.
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    with bf16:
+        ref = full_logits_losses(model, rendered[:4])
+    got = hs.score_rendered(torch.nn.ModuleDict({"module": model}), rendered[:4], "cpu", bf16)
+    torch.testing.assert_close(got, ref, rtol=1e-2, atol=1e-2)
+    assert all(torch.equal(g.argmin(1), r.argmin(1)) for g, r in zip(got, ref, strict=True))
+    # evaluate_hellaswag batches by length instead: still the same answers.
+    labels = torch.tensor([ex["label"] for ex in examples])
+    result = hs.evaluate_hellaswag(model, tok, examples, "cpu", progress=False)
+    assert (result["n"], result["correct"], result["correct_norm"]) == (
+        40, int((ref_sum.argmin(1) == labels).sum()), int((ref_mean.argmin(1) == labels).sum()))
+
+
 def test_random_model_is_at_chance_on_200_real_examples(tiktoken_cache, hellaswag_path):
     assert len(hs.load_examples(str(hellaswag_path))) == 10042
     examples = hs.load_examples(str(hellaswag_path), limit=200)

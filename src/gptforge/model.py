@@ -164,6 +164,20 @@ class GPT(nn.Module):
 
         With a KVCache, idx continues the cached tokens (positions start at cache.length) and the cache grows.
         """
+        x = self.hidden_states(idx, cache)  # (B, T, C)
+        if targets is None:
+            # Generation needs only the next-token distribution: skip the (B, T, V) projection.
+            return self.lm_head(x[:, [-1], :]), None  # (B, 1, V)
+        logits = self.lm_head(x)  # (B, T, V)
+        # Cross-entropy in float32 even under autocast: the softmax over 50k entries needs the range.
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """idx (B, T) token ids -> the final LayerNorm's output (B, T, C), which lm_head turns into logits.
+
+        forward() without lm_head, for callers that need the logits at a few positions only (HellaSwag).
+        """
         B, T = idx.size()
         start = cache.length if cache is not None else 0
         if start + T > self.config.block_size:
@@ -174,14 +188,7 @@ class GPT(nn.Module):
             x = block(x, cache, layer)
         if cache is not None:
             cache.length += T
-        x = self.transformer.ln_f(x)  # (B, T, C)
-        if targets is None:
-            # Generation needs only the next-token distribution: skip the (B, T, V) projection.
-            return self.lm_head(x[:, [-1], :]), None  # (B, 1, V)
-        logits = self.lm_head(x)  # (B, T, V)
-        # Cross-entropy in float32 even under autocast: the softmax over 50k entries needs the range.
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return self.transformer.ln_f(x)  # (B, T, C)
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context length (e.g. GPT-2's 1024 to a smaller block_size for fine-tuning)."""
