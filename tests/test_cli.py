@@ -251,20 +251,3 @@ def test_build_nanogpt_command_from_the_issue(char_data, tmp_path):
     s = run_cli("sample", f"--ckpt={ckpt}", "--num_samples=1", "--max_new_tokens=8", "--device=cpu", cwd=tmp_path)
     assert s.returncode == 0 and s.stdout.count("---------------") == 1, s.stderr
 
-
-def test_openmp_spinning_is_capped_unless_the_user_chose():
-    """Idle OpenMP threads of one process must not spin on the cores another gptforge process needs
-    (docs/PERFORMANCE.md, Contention); a user's own setting wins."""
-    from gptforge.cli import quiet_openmp
-
-    env = {}
-    quiet_openmp(env)
-    assert env == {"GOMP_SPINCOUNT": "10000"}
-    env = {"GOMP_SPINCOUNT": "infinite"}
-    quiet_openmp(env)
-    assert env == {"GOMP_SPINCOUNT": "infinite"}
-    probe = "import os, sys; from gptforge import cli; sys.argv = ['gptforge', '--version']\n" \
-            "try:\n    cli.main()\nexcept SystemExit:\n    print(os.environ.get('GOMP_SPINCOUNT'))"
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                       env={k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"})
-    assert r.stdout.strip().splitlines()[-1] == "10000", r

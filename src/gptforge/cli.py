@@ -35,16 +35,6 @@ config keys (--key=DEFAULT  (type)):
 
 
 
-def quiet_openmp(environ: dict[str, str] | os._Environ) -> None:
-    """Let idle OpenMP threads sleep soon (GOMP_SPINCOUNT=10000 unless the user set it).
-
-    torch's CPU threads otherwise spin for a long time between parallel regions; with two gptforge processes
-    on one machine (training and sampling, two runs) each spins on cores the other needs: 18x slower each,
-    not 2x. Measured in docs/PERFORMANCE.md ("Contention"): alone no measurable cost.
-    """
-    environ.setdefault("GOMP_SPINCOUNT", "10000")
-
-
 def add_device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -370,7 +360,6 @@ def run_eval_hellaswag(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    quiet_openmp(os.environ)  # before anything imports torch
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except UserError as e:

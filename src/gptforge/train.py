@@ -66,7 +66,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train as configured; returns {'iter_num', 'best_val_loss', 'losses'} (the last evaluation)."""
     env = setup_distributed(cfg.device, cfg.backend)
     try:
-        return _train(cfg, env)
+        result = _train(cfg, env)
+        if env.ddp:  # leave together: a rank tearing down while rank 0 still writes its checkpoint aborts (gloo)
+            torch.distributed.barrier()
+        return result
     finally:
         teardown(env)
 
