@@ -310,16 +310,13 @@ def run_eval_loss(args: argparse.Namespace) -> None:
     else:
         loaders = {s: RandomBatches(os.path.join(folder, f"{s}.bin"), batch, block, vocab, device, seed=args.seed,
                                     dtype=meta["dtype"]) for s in splits}
-    dtype = resolve_dtype(args.dtype, torch_device_type(device))
+    device_type = device.split(":")[0]
+    dtype = resolve_dtype(args.dtype, device_type)
     print(f"loss: {iters} batches of {batch} x {block} tokens per split from {folder} on {device} ({dtype})",
           file=sys.stderr, flush=True)
-    losses = estimate_loss(model, loaders, iters, autocast_context(torch_device_type(device), dtype))
+    losses = estimate_loss(model, loaders, iters, autocast_context(device_type, dtype))
     for split in splits:
         print(f"{split} loss {losses[split]:.4f} (ppl {math.exp(min(losses[split], 700)):.2f})")
-
-
-def torch_device_type(device: str) -> str:
-    return device.split(":")[0]
 
 
 def run_eval_hellaswag(args: argparse.Namespace) -> None:

@@ -21,6 +21,7 @@ import torch
 from gptforge.checkpoint import load_checkpoint, load_model_state
 from gptforge.config import FIELDS, TrainConfig
 from gptforge.data.loader import read_meta
+from gptforge.data.sources import read_txt
 from gptforge.distributed import DistEnv, autocast_context, resolve_device, resolve_dtype
 from gptforge.errors import UserError
 from gptforge.model import GPT, MODEL_ARGS, GPTConfig
@@ -93,13 +94,7 @@ def read_start(start: str) -> str:
     if not start.startswith("FILE:"):
         return start
     path = start[len("FILE:") :]
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except OSError as e:
-        raise UserError(f"--start=FILE:{path}: cannot read it ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"--start=FILE:{path}: not UTF-8 text ({e}); convert it to UTF-8 first") from None
+    return read_txt(path, f"--start=FILE:{path}")
 
 
 def load_model(args: SampleArgs, device: str) -> tuple[GPT, Tokenizer]:

@@ -67,7 +67,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     env = setup_distributed(cfg.device, cfg.backend)
     try:
         result = _train(cfg, env)
-        if env.ddp:  # leave together: a rank tearing down while rank 0 still writes its checkpoint aborts (gloo)
+        if env.ddp:  # leave together: no rank tears its process group down while rank 0 still writes files
             torch.distributed.barrier()
         return result
     finally:

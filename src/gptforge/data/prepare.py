@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from gptforge.data.sources import read_txt
 from gptforge.errors import UserError
 from gptforge.tokenizer import CharTokenizer, GPT2Tokenizer
 
@@ -113,15 +114,9 @@ def download(url: str, dest: str) -> None:
 
 
 def read_text(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        raise UserError(f"input file {path!r} not found") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e}); convert it to UTF-8 first") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read it ({e.strerror})") from None
+    if not os.path.exists(path):
+        raise UserError(f"input file {path!r} not found")
+    return read_txt(path)
 
 
 def write_dataset(folder: str, splits: dict[str, Sequence[int]], meta: dict[str, Any]) -> None:

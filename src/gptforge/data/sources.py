@@ -80,14 +80,16 @@ def iter_files(files: Sequence[str], text_field: str) -> Iterator[str]:
             yield from iter_jsonl(path, text_field)
 
 
-def read_txt(path: str) -> str:
+def read_txt(path: str, name: str | None = None) -> str:
+    """A whole UTF-8 text file; failures are user errors naming `name` (the flag or file; default the path)."""
+    name = name or path
     try:
         with open(path, encoding="utf-8") as fh:
             return fh.read()
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e}); convert it to UTF-8 first") from None
+        raise UserError(f"{name}: not UTF-8 text ({e}); convert it to UTF-8 first") from None
     except OSError as e:
-        raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
+        raise UserError(f"{name}: cannot read it ({e.strerror or e})") from None
 
 
 def iter_jsonl(path: str, text_field: str) -> Iterator[str]:
