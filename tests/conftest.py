@@ -101,3 +101,20 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict
         [sys.executable, "-m", "gptforge", *map(str, args)], cwd=cwd, capture_output=True, text=True,
         timeout=timeout, env=full_env,
     )
+
+
+@pytest.fixture
+def dashboard(tmp_path):
+    """start(folders) -> url of a dashboard on a free port, stopped at the end of the test."""
+    from gptforge.dashboard.server import start_dashboard
+
+    servers = []
+
+    def start(*folders) -> str:
+        server, url = start_dashboard(list(folders), port=0)
+        servers.append(server)
+        return url
+
+    yield start
+    for server in servers:
+        server.stop()
