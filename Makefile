@@ -26,6 +26,7 @@ demo: install
 
 lint: install
 	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 
 # The browser test drives Debian's chromium (playwright's own browser download needs the internet).
 chromium:

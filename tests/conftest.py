@@ -85,10 +85,28 @@ def char_data(tmp_path: Path) -> Path:
 def tiny_train_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
     """Command-line style options for a seconds-long CPU run on the `tiny` dataset."""
     opts = dict(
-        data_dir=data_dir, dataset="tiny", out_dir=out_dir, device="cpu", compile=False, dtype="float32",
-        n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, gradient_accumulation_steps=1,
-        max_iters=20, lr_decay_iters=20, warmup_iters=5, learning_rate=3e-3, min_lr=3e-4, eval_interval=10,
-        eval_iters=4, log_interval=1, dropout=0.0, peak_flops=1e12,
+        data_dir=data_dir,
+        dataset="tiny",
+        out_dir=out_dir,
+        device="cpu",
+        compile=False,
+        dtype="float32",
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        block_size=32,
+        batch_size=8,
+        gradient_accumulation_steps=1,
+        max_iters=20,
+        lr_decay_iters=20,
+        warmup_iters=5,
+        learning_rate=3e-3,
+        min_lr=3e-4,
+        eval_interval=10,
+        eval_iters=4,
+        log_interval=1,
+        dropout=0.0,
+        peak_flops=1e12,
     )
     opts.update(overrides)
     return [f"--{k}={v}" for k, v in opts.items() if v is not None]  # None: leave the key at its default
@@ -98,8 +116,12 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict
     """Run `python -m gptforge ARGS` in a real subprocess; returns the CompletedProcess (text)."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "gptforge", *map(str, args)], cwd=cwd, capture_output=True, text=True,
-        timeout=timeout, env=full_env,
+        [sys.executable, "-m", "gptforge", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
     )
 
 

@@ -5,10 +5,10 @@
 
 A campaign runs one uninterrupted reference run, then the same command in another out_dir, SIGKILLs it at
 seeded random moments and starts it again (`--init_from=resume` when out_dir/ckpt.pt exists, else from
-scratch) until a run completes. Then the final ckpt.pt (model, optimizer, torch's generator, data position,
-step, best val loss) and the metrics must equal the reference's exactly. Each kill is planned in one of three phases
-(about 25 / 35 / 40 % of the kills, shuffled; the first kill at start-up, so the campaign restarts from scratch
-once):
+scratch) until a run completes, whose final ckpt.pt (model, optimizer, torch's generator, data position, step,
+best val loss) and metrics must equal the reference's exactly (fault_tools.py). Kill i of n aims at a
+random step in the i-th n-th of the run (`plan`), in one of three phases (about 25 / 35 / 40 % of the kills,
+shuffled; the first kill at start-up, so the campaign restarts from scratch once):
 
     startup      a random delay after launch (imports, model build, checkpoint load, the first evaluation),
                  at the latest when the first "iter" line appears
@@ -18,11 +18,9 @@ once):
                  `.ckpt.pt.<pid>.tmp` appears, plus a random delay up to half the measured time from that line
                  to "saved checkpoint": mostly inside the write, sometimes just after the rename
 
-Kill i of n aims at a random step in the i-th n-th of the run (not before the step the run resumes from, and
-before the last step: a kill never races the run's completion), so the kills cover the whole run. After
-every kill the process must have died of SIGKILL (no earlier exit, no traceback), and ckpt.pt, if present,
-must load (weights_only) and never go back in steps. The writer's temporary file left behind tells that the
-kill landed inside a write. Leftover temporary files are counted, not removed: they are what a killed writer
+After every kill the process must have died of SIGKILL (no earlier exit, no traceback), and ckpt.pt, if
+present, must load (weights_only) and never go back in steps. A writer's temporary file left behind tells
+that the kill landed inside a write; leftover ones are counted, not removed: they are what a killed writer
 leaves.
 """
 
@@ -31,195 +29,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SRC = HERE.parent / "src"
-if str(HERE) not in sys.path:  # run as a script: conftest's helpers
+if str(HERE) not in sys.path:  # run as a script: the helpers beside it
     sys.path.insert(0, str(HERE))
 
 from conftest import SHARED, SMALL_TEXT, tiny_train_args  # noqa: E402
+from fault_tools import CHILD_TIMEOUT, SRC, CampaignError, Child, ckpt_step, compare_runs  # noqa: E402
 
 # A run whose checkpoints come every other step (always_save_checkpoint is on by default) and whose dropout
 # draws from the global generator, so a resume must restore it; seconds long on one CPU thread.
-CAMPAIGN_RUN = dict(max_iters=50, lr_decay_iters=50, warmup_iters=5, eval_interval=2, eval_iters=2, n_embd=64,
-                    n_head=2, dropout=0.1)
-CHILD_TIMEOUT = 180.0  # seconds any one process may take; a loaded 2-core machine needs ~5 s
+CAMPAIGN_RUN = dict(
+    max_iters=50, lr_decay_iters=50, warmup_iters=5, eval_interval=2, eval_iters=2, n_embd=64, n_head=2, dropout=0.1
+)
 TMP_PATTERN = ".ckpt.pt.*.tmp"
 PHASES = {"startup": 0.25, "step": 0.35, "checkpoint": 0.4}  # weights of the planned kill phases
-# what must be equal between the reference's and the campaign's metrics records (not times or speeds)
-RECORD_KEYS = ("step", "kind", "loss", "lr", "grad_norm", "train_loss", "val_loss", "reason")
-
-
-class CampaignError(RuntimeError):
-    """The campaign itself could not go on (a hang, a process that would not start): not a finding."""
-
-
-def child_env() -> dict[str, str]:
-    """The children import gptforge from this checkout, run on one thread (the same arithmetic whatever the
-    machine's load) and write their console lines unbuffered."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return env
-
-
-class Child:
-    """One `python -m gptforge train ARGS` process; its stdout lines arrive, in order, on a queue."""
-
-    def __init__(self, args: list[str], cwd: Path | None = None):
-        self.args = args
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "gptforge", "train", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=child_env(), cwd=cwd)
-        self.pid = self.proc.pid
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.stdout: list[tuple[float, str]] = []  # (seconds since launch, line)
-        self.stderr: list[str] = []
-        self.eof = False
-        self.last_line = ""
-        self._threads = [threading.Thread(target=self._read, args=(self.proc.stdout, True), daemon=True),
-                         threading.Thread(target=self._read, args=(self.proc.stderr, False), daemon=True)]
-        for t in self._threads:
-            t.start()
-
-    def _read(self, stream, is_stdout: bool) -> None:
-        for line in stream:
-            if is_stdout:
-                self.stdout.append((time.monotonic() - self.started, line))
-                self.lines.put(line)
-            else:
-                self.stderr.append(line)
-        if is_stdout:
-            self.lines.put(None)
-
-    def wait_for(self, until: Callable[[str], bool], deadline: float, poll: Callable[[], bool] | None = None,
-                 hard_deadline: float | None = None) -> str | None:
-        """Read lines until `until(line)` (returns the line) or `poll()` is true or `deadline` (monotonic)
-        passes (both return ""), or the output ends (None). Past `hard_deadline` it raises."""
-        hard = hard_deadline if hard_deadline is not None else self.started + CHILD_TIMEOUT
-        while not self.eof:
-            now = time.monotonic()
-            if now >= hard:
-                raise CampaignError(f"pid {self.pid} ran past {CHILD_TIMEOUT:.0f} s; last line {self.last_line!r}")
-            if now >= deadline or (poll is not None and poll()):
-                return ""
-            try:
-                line = self.lines.get(timeout=min(0.0005 if poll else 0.05, max(deadline - now, 0.0) + 1e-4))
-            except queue.Empty:
-                continue
-            if line is None:
-                self.eof = True
-                return None
-            self.last_line = line.rstrip("\n")
-            if until(line):
-                return line
-        return None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-
-    def finish(self, timeout: float = CHILD_TIMEOUT) -> int:
-        """Wait for the exit (killing the process if it takes longer than `timeout`); returns the exit code."""
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            self.proc.wait(timeout=30)
-            raise CampaignError(f"pid {self.pid} did not exit within {timeout:.0f} s; killed") from None
-        for t in self._threads:
-            t.join(timeout=10)
-        while not self.eof:  # the rest of the output, so stdout_text() is complete
-            try:
-                line = self.lines.get(timeout=1)
-            except queue.Empty:
-                break
-            if line is None:
-                self.eof = True
-            else:
-                self.last_line = line.rstrip("\n")
-        return rc
-
-    def stdout_text(self) -> str:
-        return "".join(line for _, line in self.stdout)
-
-    def stderr_text(self) -> str:
-        return "".join(self.stderr)
-
-
-def records(out_dir: Path) -> list[dict[str, Any]]:
-    path = out_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
-
-
-def stripped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: r[k] for k in RECORD_KEYS if k in r} for r in rows]
-
-
-def diff(a: Any, b: Any, path: str, out: list[str]) -> None:
-    """Append to `out` every place where a and b differ: tensors by torch.equal (and dtype), the rest by ==."""
-    import torch
-
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        same = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and torch.equal(a, b))
-        if not same:
-            out.append(f"{path}: tensors differ")
-    elif isinstance(a, dict) and isinstance(b, dict):
-        if set(a) != set(b):
-            out.append(f"{path}: keys differ: {sorted(map(str, set(a) ^ set(b)))}")
-        for key in a.keys() & b.keys():
-            diff(a[key], b[key], f"{path}.{key}", out)
-    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if len(a) != len(b):
-            out.append(f"{path}: lengths {len(a)} != {len(b)}")
-        else:
-            for i, (x, y) in enumerate(zip(a, b, strict=True)):
-                diff(x, y, f"{path}[{i}]", out)
-    elif a != b and not (a != a and b != b):  # NaN equals NaN here
-        out.append(f"{path}: {a!r} != {b!r}")
-
-
-def compare_runs(reference: Path, other: Path, max_iters: int) -> list[str]:
-    """Where `other`'s final checkpoint and metrics differ from `reference`'s; [] when they are equal.
-
-    The checkpoint's config is left out: it records init_from, which differs by design."""
-    from gptforge.checkpoint import load_checkpoint
-
-    mismatches: list[str] = []
-    ref, got = load_checkpoint(str(reference / "ckpt.pt")), load_checkpoint(str(other / "ckpt.pt"))
-    for key in ("model", "optimizer", "iter_num", "best_val_loss", "data_state", "model_args", "scaler"):
-        diff(ref.get(key), got.get(key), key, mismatches)
-    # torch's generator is the one training draws from. Python's and numpy's global generators are seeded
-    # from OS entropy in every process and never drawn from, so they differ between any two runs.
-    diff(ref["rng"]["torch"], got["rng"]["torch"], "rng.torch", mismatches)
-    ref_rows, got_rows = stripped(records(reference)), stripped(records(other))
-    train_steps = [r["step"] for r in got_rows if r["kind"] == "train"]
-    if train_steps != list(range(max_iters)):
-        repeated = sorted({s for s in train_steps if train_steps.count(s) > 1})
-        missing = sorted(set(range(max_iters)) - set(train_steps))
-        mismatches.append(f"metrics.jsonl: train steps not each once in order (repeated {repeated}, "
-                          f"missing {missing})")
-    if ref_rows != got_rows:
-        first = next((i for i, (x, y) in enumerate(zip(ref_rows, got_rows, strict=False)) if x != y),
-                     min(len(ref_rows), len(got_rows)))
-        mismatches.append(f"metrics.jsonl: {len(got_rows)} records vs the reference's {len(ref_rows)}; first "
-                          f"difference at record {first}: {got_rows[first:first + 1]} vs {ref_rows[first:first + 1]}")
-    if (reference / "log.txt").read_text() != (other / "log.txt").read_text():
-        mismatches.append("log.txt differs")
-    return mismatches
 
 
 def measure(child: Child, eval_interval: int) -> dict[str, float]:
@@ -230,13 +63,21 @@ def measure(child: Child, eval_interval: int) -> dict[str, float]:
     iters = {int(line.split()[1].rstrip(":")): t for t, line in lines if line.startswith("iter ")}
     # the gap between "iter k" and "iter k+1" is one step when no evaluation happens at step k+1
     steps = [iters[k + 1] - iters[k] for k in iters if k + 1 in iters and (k + 1) % eval_interval]
-    writes = [t2 - t1 for (t1, a), (t2, b) in zip(lines, lines[1:], strict=False)
-              if a.startswith("step ") and " val loss " in a and b.startswith("saved checkpoint")]
+    writes = [
+        t2 - t1
+        for (t1, a), (t2, b) in zip(lines, lines[1:], strict=False)
+        if a.startswith("step ") and " val loss " in a and b.startswith("saved checkpoint")
+    ]
     if first_iter is None or not steps or not writes:
-        raise CampaignError("the reference run printed no iter / checkpoint lines to time kills by:\n"
-                            + child.stdout_text()[-2000:])
-    return {"startup_s": first_iter, "first_output_s": first_out, "step_s": statistics.median(steps),
-            "checkpoint_s": statistics.median(writes)}
+        raise CampaignError(
+            "the reference run printed no iter / checkpoint lines to time kills by:\n" + child.stdout_text()[-2000:]
+        )
+    return {
+        "startup_s": first_iter,
+        "first_output_s": first_out,
+        "step_s": statistics.median(steps),
+        "checkpoint_s": statistics.median(writes),
+    }
 
 
 def phase_order(rng: random.Random, kills: int) -> list[str]:
@@ -252,8 +93,9 @@ def phase_order(rng: random.Random, kills: int) -> list[str]:
     return order
 
 
-def plan(rng: random.Random, phase: str, i: int, kills: int, start: int, max_iters: int,
-         eval_interval: int) -> tuple[str, int]:
+def plan(
+    rng: random.Random, phase: str, i: int, kills: int, start: int, max_iters: int, eval_interval: int
+) -> tuple[str, int]:
     """(phase, target step) of kill number i (from 0) for a run resuming at step `start` (< max_iters - 1).
 
     Kill i aims at a random step of the i-th of `kills` equal slices of the run (or at `start`, when the run is
@@ -268,14 +110,82 @@ def plan(rng: random.Random, phase: str, i: int, kills: int, start: int, max_ite
     return phase, (target if phase == "step" else start)
 
 
-def ckpt_step(path: Path) -> int:
-    from gptforge.checkpoint import load_checkpoint
+def wait_for_kill(
+    child: Child, phase: str, target: int, timing: dict[str, float], rng: random.Random, tmp: Path
+) -> str | None:
+    """Read the child's output up to the moment its planned kill lands (the phases in the module docstring);
+    None when the output ended first: the process exited by itself."""
+    forever = child.started + CHILD_TIMEOUT
+    if phase == "startup":  # by a random time, or when training has begun
+        return child.wait_for(
+            lambda line: line.startswith("iter "), child.started + rng.uniform(0.0, timing["startup_s"])
+        )
+    if phase == "step":
+        got = child.wait_for(lambda line: line.startswith(f"iter {target}:"), forever)
+        if got:
+            got = child.wait_for(
+                lambda line: line.startswith("iter "), time.monotonic() + rng.uniform(0.0, timing["step_s"])
+            )
+        return got
+    got = child.wait_for(lambda line: line.startswith(f"step {target}:") and " val loss " in line, forever)
+    if got:  # the write starts within milliseconds: poll for its temporary file
+        got = child.wait_for(lambda line: line.startswith(("saved checkpoint", "iter ")), forever, poll=tmp.exists)
+    if got == "":
+        got = child.wait_for(
+            lambda line: line.startswith("iter "), time.monotonic() + rng.uniform(0.0, timing["checkpoint_s"] / 2)
+        )
+    return got
 
-    return int(load_checkpoint(str(path))["iter_num"])
+
+def check_kill(
+    child: Child,
+    phase: str,
+    target: int,
+    start: int,
+    out: Path,
+    last_ckpt: int,
+    figures: dict[str, Any],
+    log: Callable[[str], None],
+) -> int | None:
+    """Wait for the killed child and record what its death left into `figures`: it must have died of SIGKILL
+    without a traceback, and ckpt.pt must load and not go back. The step ckpt.pt is at now (last_ckpt when
+    there is none), or None when it does not load: the campaign stops there."""
+    rc = child.finish()
+    figures["kills"] += 1
+    figures["kills_by_phase"][phase] += 1
+    if rc != -signal.SIGKILL:
+        figures["problems"].append(f"pid {child.pid} exited with {rc}, not by SIGKILL:\n{child.stderr_text()[-2000:]}")
+    if "Traceback" in child.stderr_text():
+        figures["problems"].append(f"pid {child.pid} printed a traceback:\n{child.stderr_text()[-2000:]}")
+    during_write = (out / f".ckpt.pt.{child.pid}.tmp").exists()
+    figures["kills_during_checkpoint_write"] += during_write
+    figures["kills_during_checkpoint_write_by_phase"][phase] += during_write
+    step_now = None
+    if (out / "ckpt.pt").exists():
+        try:
+            step_now = ckpt_step(out / "ckpt.pt")
+            figures["checkpoints_checked"] += 1
+        except Exception as e:  # noqa: BLE001  (UserError or anything else: a torn checkpoint)
+            figures["problems"].append(f"after killing pid {child.pid} ({phase}): ckpt.pt does not load: {e}")
+            return None
+        if step_now < last_ckpt:
+            figures["problems"].append(f"ckpt.pt went back from step {last_ckpt} to {step_now}")
+        last_ckpt = step_now
+    figures["checkpoint_steps_after_kills"].append(step_now)
+    reached = max(
+        (int(line.split()[1].rstrip(":")) + 1 for _, line in child.stdout if line.startswith("iter ")), default=start
+    )
+    figures["steps_lost"] += max(0, reached - (step_now or 0))
+    log(
+        f"kill {figures['kills']:3d}: {phase:10s} target {target:3d}, last line {child.last_line[:60]!r}, "
+        f"{'in a checkpoint write, ' if during_write else ''}ckpt.pt at step {step_now}"
+    )
+    return last_ckpt
 
 
-def run_campaign(data_dir: Path, work: Path, kills: int, seed: int = 0, log: Callable[[str], None] = print,
-                 **overrides: Any) -> dict[str, Any]:
+def run_campaign(
+    data_dir: Path, work: Path, kills: int, seed: int = 0, log: Callable[[str], None] = print, **overrides: Any
+) -> dict[str, Any]:
     """Reference run, then `kills` SIGKILLs with restarts, then the final run to completion; returns figures.
 
     `overrides` are tiny_train_args keys on top of CAMPAIGN_RUN (e.g. dataset, data_loader, max_iters).
@@ -288,15 +198,38 @@ def run_campaign(data_dir: Path, work: Path, kills: int, seed: int = 0, log: Cal
     rng = random.Random(seed)
     began = time.monotonic()
     figures: dict[str, Any] = dict(
-        seed=seed, kills_planned=kills, kills=0, kills_by_phase={p: 0 for p in PHASES},
-        kills_during_checkpoint_write=0, kills_during_checkpoint_write_by_phase={p: 0 for p in PHASES},
-        resumes=0, scratch_restarts=0, processes=0, checkpoints_checked=0, checkpoint_steps_after_kills=[],
-        leftover_tmp_files=0, steps_lost=0, problems=[], mismatches=[], equal=None,
+        seed=seed,
+        kills_planned=kills,
+        kills=0,
+        kills_by_phase={p: 0 for p in PHASES},
+        kills_during_checkpoint_write=0,
+        kills_during_checkpoint_write_by_phase={p: 0 for p in PHASES},
+        resumes=0,
+        scratch_restarts=0,
+        processes=0,
+        checkpoints_checked=0,
+        checkpoint_steps_after_kills=[],
+        leftover_tmp_files=0,
+        steps_lost=0,
+        problems=[],
+        mismatches=[],
+        equal=None,
     )
     children: list[Child] = []
+
+    def launch(out_dir: Path, **extra: Any) -> Child:
+        children.append(Child(tiny_train_args(data_dir, out_dir, **opts, **extra)))
+        return children[-1]
+
+    def restart(counted: bool) -> Child:  # resume when ckpt.pt exists, else from scratch
+        resume = (out / "ckpt.pt").exists()
+        if counted:
+            figures["resumes" if resume else "scratch_restarts"] += 1
+        figures["processes"] += 1
+        return launch(out, init_from="resume" if resume else "scratch")
+
     try:
-        ref = Child(tiny_train_args(data_dir, reference, **opts))
-        children.append(ref)
+        ref = launch(reference)
         rc = ref.finish()
         if rc != 0:
             raise CampaignError(f"the reference run failed (exit {rc}):\n{ref.stderr_text()[-3000:]}")
@@ -307,78 +240,28 @@ def run_campaign(data_dir: Path, work: Path, kills: int, seed: int = 0, log: Cal
         phases = phase_order(rng, kills)
         start, last_ckpt = 0, -1
         while figures["kills"] < kills:
-            resume = (out / "ckpt.pt").exists()
-            if resume:
+            if (out / "ckpt.pt").exists():
                 start = ckpt_step(out / "ckpt.pt")
             if start >= max_iters - 1:
                 log(f"the run reached step {start} before all kills were spent; finishing it")
                 break
-            if figures["processes"]:
-                figures["resumes" if resume else "scratch_restarts"] += 1
-            phase, target = plan(rng, phases[figures["kills"]], figures["kills"], kills, start, max_iters,
-                                 eval_interval)
-            child = Child(tiny_train_args(data_dir, out, **opts, init_from="resume" if resume else "scratch"))
-            children.append(child)
-            figures["processes"] += 1
-            tmp = out / f".ckpt.pt.{child.pid}.tmp"
-            forever = child.started + CHILD_TIMEOUT
-            if phase == "startup":  # by a random time, or when training has begun
-                got = child.wait_for(lambda line: line.startswith("iter "),
-                                     child.started + rng.uniform(0.0, timing["startup_s"]))
-            elif phase == "step":
-                got = child.wait_for(lambda line, k=target: line.startswith(f"iter {k}:"), forever)
-                if got:
-                    got = child.wait_for(lambda line: line.startswith("iter "),
-                                         time.monotonic() + rng.uniform(0.0, timing["step_s"]))
-            else:
-                got = child.wait_for(lambda line, k=target: line.startswith(f"step {k}:") and " val loss " in line,
-                                     forever)
-                if got:  # the write starts within milliseconds: poll for its temporary file
-                    got = child.wait_for(lambda line: line.startswith(("saved checkpoint", "iter ")), forever,
-                                         poll=tmp.exists)
-                if got == "":
-                    got = child.wait_for(lambda line: line.startswith("iter "),
-                                         time.monotonic() + rng.uniform(0.0, timing["checkpoint_s"] / 2))
-            if got is None:  # the output ended before the kill: the process exited by itself
+            phase, target = plan(
+                rng, phases[figures["kills"]], figures["kills"], kills, start, max_iters, eval_interval
+            )
+            child = restart(counted=figures["processes"] > 0)
+            if wait_for_kill(child, phase, target, timing, rng, out / f".ckpt.pt.{child.pid}.tmp") is None:
                 rc = child.finish()
-                figures["problems"].append(f"pid {child.pid} ({phase} kill planned at step {target}) exited "
-                                           f"with {rc} before the kill:\n{child.stderr_text()[-2000:]}")
+                figures["problems"].append(
+                    f"pid {child.pid} ({phase} kill planned at step {target}) exited "
+                    f"with {rc} before the kill:\n{child.stderr_text()[-2000:]}"
+                )
                 break
             child.kill()
-            rc = child.finish()
-            figures["kills"] += 1
-            figures["kills_by_phase"][phase] += 1
-            if rc != -signal.SIGKILL:
-                figures["problems"].append(f"pid {child.pid} exited with {rc}, not by SIGKILL:\n"
-                                           f"{child.stderr_text()[-2000:]}")
-            if "Traceback" in child.stderr_text():
-                figures["problems"].append(f"pid {child.pid} printed a traceback:\n{child.stderr_text()[-2000:]}")
-            during_write = tmp.exists()
-            figures["kills_during_checkpoint_write"] += during_write
-            figures["kills_during_checkpoint_write_by_phase"][phase] += during_write
-            step_now = None
-            if (out / "ckpt.pt").exists():
-                try:
-                    step_now = ckpt_step(out / "ckpt.pt")
-                    figures["checkpoints_checked"] += 1
-                except Exception as e:  # noqa: BLE001  (UserError or anything else: a torn checkpoint)
-                    figures["problems"].append(f"after killing pid {child.pid} ({phase}): ckpt.pt does not load: {e}")
-                    break
-                if step_now < last_ckpt:
-                    figures["problems"].append(f"ckpt.pt went back from step {last_ckpt} to {step_now}")
-                last_ckpt = step_now
-            figures["checkpoint_steps_after_kills"].append(step_now)
-            reached = max((int(line.split()[1].rstrip(":")) + 1 for _, line in child.stdout
-                           if line.startswith("iter ")), default=start)
-            figures["steps_lost"] += max(0, reached - (step_now or 0))
-            log(f"kill {figures['kills']:3d}: {phase:10s} target {target:3d}, last line {child.last_line[:60]!r}, "
-                f"{'in a checkpoint write, ' if during_write else ''}ckpt.pt at step {step_now}")
+            last_ckpt = check_kill(child, phase, target, start, out, last_ckpt, figures, log)
+            if last_ckpt is None:
+                break
 
-        resume = (out / "ckpt.pt").exists()
-        figures["resumes" if resume else "scratch_restarts"] += 1
-        final = Child(tiny_train_args(data_dir, out, **opts, init_from="resume" if resume else "scratch"))
-        children.append(final)
-        figures["processes"] += 1
+        final = restart(counted=True)
         rc = final.finish()
         if rc != 0:
             figures["problems"].append(f"the final run exited with {rc}:\n{final.stderr_text()[-3000:]}")
@@ -395,12 +278,14 @@ def run_campaign(data_dir: Path, work: Path, kills: int, seed: int = 0, log: Cal
 
 
 def summary(figures: dict[str, Any]) -> str:
-    return (f"{figures['kills']} kills (by phase {figures['kills_by_phase']}), "
-            f"{figures['kills_during_checkpoint_write']} during a checkpoint write, {figures['resumes']} resumes, "
-            f"{figures['scratch_restarts']} restarts from scratch, {figures['checkpoints_checked']} checkpoints "
-            f"loaded after kills, {figures['leftover_tmp_files']} leftover .tmp files, {figures['steps_lost']} "
-            f"steps redone; final run equal to the uninterrupted one: {figures['equal']}; "
-            f"problems {len(figures['problems'])}, mismatches {len(figures['mismatches'])}; {figures['wall_s']} s")
+    return (
+        f"{figures['kills']} kills (by phase {figures['kills_by_phase']}), "
+        f"{figures['kills_during_checkpoint_write']} during a checkpoint write, {figures['resumes']} resumes, "
+        f"{figures['scratch_restarts']} restarts from scratch, {figures['checkpoints_checked']} checkpoints "
+        f"loaded after kills, {figures['leftover_tmp_files']} leftover .tmp files, {figures['steps_lost']} "
+        f"steps redone; final run equal to the uninterrupted one: {figures['equal']}; "
+        f"problems {len(figures['problems'])}, mismatches {len(figures['mismatches'])}; {figures['wall_s']} s"
+    )
 
 
 def prepare_char_data(folder: Path) -> Path:
@@ -420,14 +305,29 @@ def prepare_shard_data(folder: Path) -> Path:
 
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))
     sample = SHARED / "webtext-sample" / "cc_en_head-0091.jsonl"
-    prepare_shards("files", data_dir=str(folder / "data"), paths=[str(sample)], name="web", shard_size=4000,
-                   val_tokens=300, num_proc=1)
+    prepare_shards(
+        "files",
+        data_dir=str(folder / "data"),
+        paths=[str(sample)],
+        name="web",
+        shard_size=4000,
+        val_tokens=300,
+        num_proc=1,
+    )
     return folder / "data"
 
 
 # GPT-2's vocabulary makes every step and checkpoint heavier (50,304 x n_embd embedding): a smaller model
-SHARDED_RUN = dict(dataset="web", data_loader="sharded", max_iters=12, lr_decay_iters=12, warmup_iters=3, n_embd=16,
-                   batch_size=4, block_size=16)
+SHARDED_RUN = dict(
+    dataset="web",
+    data_loader="sharded",
+    max_iters=12,
+    lr_decay_iters=12,
+    warmup_iters=3,
+    n_embd=16,
+    batch_size=4,
+    block_size=16,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             overrides.update(max_iters=args.max_iters, lr_decay_iters=args.max_iters)
         data = prepare_shard_data(work) if args.loader == "sharded" else prepare_char_data(work)
         quiet = lambda message: print(message, file=sys.stderr)  # noqa: E731  (stdout is the JSON's)
-        figures = run_campaign(data, work / "runs", args.kills, args.seed, log=quiet if args.json else print,
-                               **overrides)
+        figures = run_campaign(
+            data, work / "runs", args.kills, args.seed, log=quiet if args.json else print, **overrides
+        )
     print(json.dumps(figures, indent=2) if args.json else summary(figures))
     return 0 if figures["equal"] and not figures["problems"] else 1
 

@@ -33,9 +33,16 @@ def trained_pair():
 def test_round_trip_with_weights_only(tmp_path):
     model, opt = trained_pair()
     path = str(tmp_path / "ckpt.pt")
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "model_args": ARGS, "iter_num": 3,
-             "best_val_loss": 2.5, "config": {"dataset": "x", "lr": 0.1}, "rng": ck.capture_rng(),
-             "format_version": ck.FORMAT_VERSION}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "model_args": ARGS,
+        "iter_num": 3,
+        "best_val_loss": 2.5,
+        "config": {"dataset": "x", "lr": 0.1},
+        "rng": ck.capture_rng(),
+        "format_version": ck.FORMAT_VERSION,
+    }
     ck.save_checkpoint(path, state)
     loaded = ck.load_checkpoint(path)
     assert loaded["iter_num"] == 3 and loaded["best_val_loss"] == 2.5 and loaded["config"]["dataset"] == "x"
@@ -123,10 +130,17 @@ def test_nanogpt_checkpoint_loads_as_it_is(tmp_path):
 
 def test_clean_state_dict_strips_prefixes_and_mask_buffers():
     t = torch.zeros(2)
-    sd = {"module._orig_mod.transformer.wte.weight": t, "module.lm_head.weight": t,
-          "transformer.h.0.attn.bias": torch.ones(1, 1, 4, 4), "transformer.h.0.attn.c_attn.bias": t}
-    assert sorted(ck.clean_state_dict(sd)) == ["lm_head.weight", "transformer.h.0.attn.c_attn.bias",
-                                               "transformer.wte.weight"]
+    sd = {
+        "module._orig_mod.transformer.wte.weight": t,
+        "module.lm_head.weight": t,
+        "transformer.h.0.attn.bias": torch.ones(1, 1, 4, 4),
+        "transformer.h.0.attn.c_attn.bias": t,
+    }
+    assert sorted(ck.clean_state_dict(sd)) == [
+        "lm_head.weight",
+        "transformer.h.0.attn.c_attn.bias",
+        "transformer.wte.weight",
+    ]
 
 
 def test_checkpoint_of_another_shape_is_named(tmp_path):
@@ -151,10 +165,10 @@ def test_copies_get_the_same_bytes_and_a_failed_copy_changes_nothing(tmp_path, m
     before = {p: open(p, "rb").read() for p in (path, best)}
 
     def full_disk(src, dst):
-        open(dst, "wb").write(b"half")
+        dst.write(b"half")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ck.shutil, "copyfile", full_disk)
+    monkeypatch.setattr(ck.shutil, "copyfileobj", full_disk)
     with pytest.raises(UserError, match=f"cannot write checkpoint {path}: No space left on device"):
         ck.save_checkpoint(path, {"model": {}, "model_args": ARGS, "iter_num": 2}, copies=[best])
     assert {p: open(p, "rb").read() for p in (path, best)} == before

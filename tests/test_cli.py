@@ -19,8 +19,17 @@ def test_prepare_train_sample_end_to_end(tmp_path, shakespeare_path):
     r = run_cli("prepare", "shakespeare_char", "--input", shakespeare_path, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "train 1,003,854 tokens, val 111,540" in r.stderr
-    r = run_cli("train", ROOT / "config/train_shakespeare_char_cpu.py", "--max_iters=50", "--lr_decay_iters=50",
-                "--eval_interval=25", "--eval_iters=5", "--warmup_iters=10", "--log_interval=10", cwd=tmp_path)
+    r = run_cli(
+        "train",
+        ROOT / "config/train_shakespeare_char_cpu.py",
+        "--max_iters=50",
+        "--lr_decay_iters=50",
+        "--eval_interval=25",
+        "--eval_iters=5",
+        "--warmup_iters=10",
+        "--log_interval=10",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     out = tmp_path / "out-shakespeare-char"
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -28,8 +37,16 @@ def test_prepare_train_sample_end_to_end(tmp_path, shakespeare_path):
     assert len(val) == 3 and val[-1] < val[0] - 0.8, val  # ln(65) = 4.17 -> below ~3.3 in 50 steps
     assert "iter 40: loss" in r.stdout and "tok/s" in r.stdout
 
-    r = run_cli("sample", "--out_dir", out, "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=60",
-                "--device=cpu", cwd=tmp_path)
+    r = run_cli(
+        "sample",
+        "--out_dir",
+        out,
+        "--start=ROMEO:",
+        "--num_samples=2",
+        "--max_new_tokens=60",
+        "--device=cpu",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     parts = r.stdout.split("---------------\n")
     assert len(parts) == 3 and parts[-1] == ""  # two samples, each followed by the separator, nothing else
@@ -37,26 +54,59 @@ def test_prepare_train_sample_end_to_end(tmp_path, shakespeare_path):
         assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 60 + 1
         assert set(text) <= set(shakespeare_path.read_text())
     assert "generating 2 sample(s)" in r.stderr and "generating" not in r.stdout
-    again = run_cli("sample", "--out_dir", out, "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=60",
-                    "--device=cpu", cwd=tmp_path)
+    again = run_cli(
+        "sample",
+        "--out_dir",
+        out,
+        "--start=ROMEO:",
+        "--num_samples=2",
+        "--max_new_tokens=60",
+        "--device=cpu",
+        cwd=tmp_path,
+    )
     assert again.stdout == r.stdout  # same seed, same samples
-    uncached = run_cli("sample", "--out_dir", out, "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=60",
-                       "--device=cpu", "--no_cache", cwd=tmp_path)
+    uncached = run_cli(
+        "sample",
+        "--out_dir",
+        out,
+        "--start=ROMEO:",
+        "--num_samples=2",
+        "--max_new_tokens=60",
+        "--device=cpu",
+        "--no_cache",
+        cwd=tmp_path,
+    )
     assert uncached.stdout == r.stdout  # the KV cache changes the speed, not the text
-    one = run_cli("sample", "--out_dir", out, "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=60",
-                  "--device=cpu", cwd=tmp_path)
+    one = run_cli(
+        "sample",
+        "--out_dir",
+        out,
+        "--start=ROMEO:",
+        "--num_samples=1",
+        "--max_new_tokens=60",
+        "--device=cpu",
+        cwd=tmp_path,
+    )
     assert r.stdout.startswith(one.stdout)  # sample i does not depend on how many are drawn
 
 
 def test_sample_start_from_file_and_gpt2_bpe_run(tmp_path, shakespeare_path, tiktoken_cache):
     assert run_cli("prepare", "shakespeare", "--input", shakespeare_path, cwd=tmp_path).returncode == 0
-    r = run_cli("train", *tiny_train_args("data", "out", dataset="shakespeare", max_iters=3, eval_interval=3),
-                cwd=tmp_path)
+    r = run_cli(
+        "train", *tiny_train_args("data", "out", dataset="shakespeare", max_iters=3, eval_interval=3), cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("To be, or not to be")
-    r = run_cli("sample", "--out_dir=out", f"--start=FILE:{prompt}", "--num_samples=1", "--max_new_tokens=5",
-                "--temperature=0", cwd=tmp_path)
+    r = run_cli(
+        "sample",
+        "--out_dir=out",
+        f"--start=FILE:{prompt}",
+        "--num_samples=1",
+        "--max_new_tokens=5",
+        "--temperature=0",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("To be, or not to be") and r.stdout.endswith("---------------\n")
     from gptforge.checkpoint import load_checkpoint
@@ -68,17 +118,25 @@ def test_sample_start_from_file_and_gpt2_bpe_run(tmp_path, shakespeare_path, tik
 def test_help_lists_options_with_defaults(command):
     r = run_cli(*command.split(), "--help")
     assert r.returncode == 0 and r.stderr == ""
-    expected = {"prepare": ["--data_dir", "(default: data)", "--input"],
-                "train": ["--batch_size=12", "--dropout=0.0", "--init_from='scratch'", "--total_batch_size=0",
-                          "--lr_schedule='cosine'", "aliases -> key", "--mini_batch_size -> batch_size",
-                          "--max_lr -> learning_rate", "--steps_per_epoch, --num_epochs -> max_iters"],
-                "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from",
-                           "--ckpt PATH"],
-                "export": ["--out_dir", "--to", "--ckpt PATH"],
-                "bench": ["--compare", "--json", "(default 5)"],
-                "dashboard": ["--port", "(default: 8765)", "(default: 127.0.0.1)"],
-                "eval loss": ["--ckpt PATH", "--split {val,train,both}", "(default: val)", "--eval_iters",
-                              "perplexity"]}[command]
+    expected = {
+        "prepare": ["--data_dir", "(default: data)", "--input"],
+        "train": [
+            "--batch_size=12",
+            "--dropout=0.0",
+            "--init_from='scratch'",
+            "--total_batch_size=0",
+            "--lr_schedule='cosine'",
+            "aliases -> key",
+            "--mini_batch_size -> batch_size",
+            "--max_lr -> learning_rate",
+            "--steps_per_epoch, --num_epochs -> max_iters",
+        ],
+        "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from", "--ckpt PATH"],
+        "export": ["--out_dir", "--to", "--ckpt PATH"],
+        "bench": ["--compare", "--json", "(default: 5)"],
+        "dashboard": ["--port", "(default: 8765)", "(default: 127.0.0.1)"],
+        "eval loss": ["--ckpt PATH", "--split {val,train,both}", "(default: val)", "--eval_iters", "perplexity"],
+    }[command]
     flat = " ".join(r.stdout.split())  # help is wrapped to the terminal width
     for text in expected:
         assert text in flat, text
@@ -91,16 +149,19 @@ def test_console_script_and_module_agree():
     assert run_cli("--version").stdout == r.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "--batchsize=3"], "unknown config key 'batchsize'; did you mean batch_size"),
-    (["train", "--dataset=missing", "--device=cpu"], "gptforge prepare missing"),
-    (["train", "--n_layer=two"], "n_layer must be int, got 'two'"),
-    (["train", "--num_layers=2", "--n_layer=3"], "--num_layers=2 and --n_layer=3 disagree"),
-    (["train", "--lr_schedule=cosine_restarts"], "lr_schedule must be one of cosine, linear, constant, wsd"),
-    (["sample", "--out_dir=nowhere"], "checkpoint nowhere/ckpt.pt not found"),
-    (["prepare", "text", "--name=x"], "needs one or more FILEs"),
-    (["prepare", "shakespeare_char", "--input=missing.txt"], "input file 'missing.txt' not found"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--batchsize=3"], "unknown config key 'batchsize'; did you mean batch_size"),
+        (["train", "--dataset=missing", "--device=cpu"], "gptforge prepare missing"),
+        (["train", "--n_layer=two"], "n_layer must be int, got 'two'"),
+        (["train", "--num_layers=2", "--n_layer=3"], "--num_layers=2 and --n_layer=3 disagree"),
+        (["train", "--lr_schedule=cosine_restarts"], "lr_schedule must be one of cosine, linear, constant, wsd"),
+        (["sample", "--out_dir=nowhere"], "checkpoint nowhere/ckpt.pt not found"),
+        (["prepare", "text", "--name=x"], "needs one or more FILEs"),
+        (["prepare", "shakespeare_char", "--input=missing.txt"], "input file 'missing.txt' not found"),
+    ],
+)
 def test_user_errors_exit_2_without_traceback(tmp_path, args, message):
     r = run_cli(*args, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -117,8 +178,9 @@ def test_sigint_finishes_the_step_checkpoints_and_resumes(char_data, tmp_path):
     """Ctrl-C mid-run: exit 0 with a checkpoint at the step reached; resume continues from that step."""
     out = tmp_path / "run"
     args = tiny_train_args(char_data, out, max_iters=100000, lr_decay_iters=100000, eval_interval=100000)
-    proc = subprocess.Popen([sys.executable, "-m", "gptforge", "train", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptforge", "train", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 120
     for line in proc.stdout:
         if line.startswith("iter 5:") or time.time() > deadline:
@@ -131,11 +193,18 @@ def test_sigint_finishes_the_step_checkpoints_and_resumes(char_data, tmp_path):
 
     stopped_at = load_checkpoint(str(out / "ckpt.pt"))["iter_num"]
     assert stopped_at >= 6
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["kind"] == "train"]
+    steps = [
+        json.loads(line)["step"]
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "train"
+    ]
     assert steps == list(range(stopped_at))  # every finished step logged, none lost
-    r = run_cli("train", *tiny_train_args(char_data, out, max_iters=stopped_at + 3, lr_decay_iters=100000,
-                                          eval_interval=100000, init_from="resume"))
+    r = run_cli(
+        "train",
+        *tiny_train_args(
+            char_data, out, max_iters=stopped_at + 3, lr_decay_iters=100000, eval_interval=100000, init_from="resume"
+        ),
+    )
     assert r.returncode == 0, r.stderr
     assert f"iter {stopped_at}: loss" in r.stdout and f"iter {stopped_at - 1}:" not in r.stdout
 
@@ -148,11 +217,16 @@ def test_sample_from_a_nanogpt_run_uses_its_meta_pkl(tmp_path):
 
     chars = sorted(set("abcdefgh \n"))
     (tmp_path / "data/tiny").mkdir(parents=True)
-    (tmp_path / "data/tiny/meta.pkl").write_bytes(pickle.dumps(
-        {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}))
+    (tmp_path / "data/tiny/meta.pkl").write_bytes(
+        pickle.dumps(
+            {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
+        )
+    )
     (tmp_path / "out").mkdir()
-    nanogpt_checkpoint(tmp_path / "out/ckpt.pt", dict(n_layer=1, n_head=2, n_embd=16, block_size=16, bias=False,
-                                                      vocab_size=len(chars), dropout=0.0))
+    nanogpt_checkpoint(
+        tmp_path / "out/ckpt.pt",
+        dict(n_layer=1, n_head=2, n_embd=16, block_size=16, bias=False, vocab_size=len(chars), dropout=0.0),
+    )
     r = run_cli("sample", "--out_dir=out", "--start=abc", "--num_samples=1", "--max_new_tokens=20", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     text = r.stdout.removesuffix("---------------\n").removesuffix("\n")
@@ -165,19 +239,60 @@ def test_build_nanogpt_flags_train_a_wsd_run_whose_evaluations_state_perplexity(
 
     from gptforge.optim import get_lr
 
-    ours = tiny_train_args(char_data, None, batch_size=None, n_layer=None, max_iters=None, lr_decay_iters=None,
-                           warmup_iters=None, learning_rate=None, eval_interval=None)
-    theirs = ["--logdir", "log", "--mini_batch_size=8", "--num_layers", "2", "--steps_per_epoch=6", "--num_epochs=2",
-              "--max_lr=3e-3", "--warmup_steps=2", "--eval_freq=6", "--sample_tokens=4"]
-    r = run_cli("train", *ours, *theirs, "--hellaswag_interval=0", "--lr_schedule=wsd", "--decay_frac=0.5",
-                cwd=tmp_path)
+    ours = tiny_train_args(
+        char_data,
+        None,
+        batch_size=None,
+        n_layer=None,
+        max_iters=None,
+        lr_decay_iters=None,
+        warmup_iters=None,
+        learning_rate=None,
+        eval_interval=None,
+    )
+    theirs = [
+        "--logdir",
+        "log",
+        "--mini_batch_size=8",
+        "--num_layers",
+        "2",
+        "--steps_per_epoch=6",
+        "--num_epochs=2",
+        "--max_lr=3e-3",
+        "--warmup_steps=2",
+        "--eval_freq=6",
+        "--sample_tokens=4",
+    ]
+    r = run_cli(
+        "train", *ours, *theirs, "--hellaswag_interval=0", "--lr_schedule=wsd", "--decay_frac=0.5", cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     run = tmp_path / "log"
     config = json.loads((run / "config.json").read_text())
-    assert {k: config[k] for k in ("batch_size", "n_layer", "max_iters", "lr_decay_iters", "learning_rate",
-                                   "warmup_iters", "eval_interval", "sample_interval", "hellaswag_interval")} == {
-        "batch_size": 8, "n_layer": 2, "max_iters": 12, "lr_decay_iters": 12, "learning_rate": 3e-3,
-        "warmup_iters": 2, "eval_interval": 6, "sample_interval": 6, "hellaswag_interval": 0}
+    assert {
+        k: config[k]
+        for k in (
+            "batch_size",
+            "n_layer",
+            "max_iters",
+            "lr_decay_iters",
+            "learning_rate",
+            "warmup_iters",
+            "eval_interval",
+            "sample_interval",
+            "hellaswag_interval",
+        )
+    } == {
+        "batch_size": 8,
+        "n_layer": 2,
+        "max_iters": 12,
+        "lr_decay_iters": 12,
+        "learning_rate": 3e-3,
+        "warmup_iters": 2,
+        "eval_interval": 6,
+        "sample_interval": 6,
+        "hellaswag_interval": 0,
+    }
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     lrs = [(x["step"], x["lr"]) for x in rows if x["kind"] == "train"]
     assert lrs == [(s, get_lr(s, 3e-3, 2, 12, 3e-4, schedule="wsd", decay_frac=0.5)) for s in range(12)]
@@ -232,12 +347,44 @@ def test_build_nanogpt_command_from_the_issue(char_data, tmp_path):
     """build-nanogpt's flags as its users type them: 10 steps (2 epochs of 5), accumulation 2 (256 tokens per
     step / (4 x 32)), log.txt in its format and the step checkpoint of the last step, model_00009.pt (--logdir
     brings build-nanogpt's layout: ckpt_interval 5000), which sample reads with --ckpt."""
-    base = tiny_train_args(char_data, None, batch_size=None, block_size=None, n_layer=None, n_head=None,
-                           n_embd=None, max_iters=None, lr_decay_iters=None, eval_interval=None,
-                           gradient_accumulation_steps=None)
-    r = run_cli("train", *base, "--mini_batch_size", "4", "--context_length", "32", "--num_layers", "2",
-                "--num_heads", "2", "--embd_size", "32", "--total_batch_size", "256", "--steps_per_epoch", "5",
-                "--num_epochs", "2", "--eval_freq", "5", "--logdir", "L", cwd=tmp_path)
+    base = tiny_train_args(
+        char_data,
+        None,
+        batch_size=None,
+        block_size=None,
+        n_layer=None,
+        n_head=None,
+        n_embd=None,
+        max_iters=None,
+        lr_decay_iters=None,
+        eval_interval=None,
+        gradient_accumulation_steps=None,
+    )
+    r = run_cli(
+        "train",
+        *base,
+        "--mini_batch_size",
+        "4",
+        "--context_length",
+        "32",
+        "--num_layers",
+        "2",
+        "--num_heads",
+        "2",
+        "--embd_size",
+        "32",
+        "--total_batch_size",
+        "256",
+        "--steps_per_epoch",
+        "5",
+        "--num_epochs",
+        "2",
+        "--eval_freq",
+        "5",
+        "--logdir",
+        "L",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert "tokens per iteration: 256 = 2 accumulation x 1 processes x 4 batch x 32 block" in r.stdout
     log = (tmp_path / "L" / "log.txt").read_text().splitlines()
@@ -250,4 +397,3 @@ def test_build_nanogpt_command_from_the_issue(char_data, tmp_path):
     assert sorted(p.name for p in (tmp_path / "L").glob("model_*.pt")) == ["model_00009.pt"]  # --logdir: every 5000
     s = run_cli("sample", f"--ckpt={ckpt}", "--num_samples=1", "--max_new_tokens=8", "--device=cpu", cwd=tmp_path)
     assert s.returncode == 0 and s.stdout.count("---------------") == 1, s.stderr
-

@@ -14,12 +14,37 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # nanoGPT's train.py, key by key (train.py at the top of its file).
 NANOGPT_DEFAULTS = dict(
-    out_dir="out", eval_interval=2000, log_interval=1, eval_iters=200, eval_only=False,
-    always_save_checkpoint=True, init_from="scratch", wandb_log=False, wandb_project="owt", wandb_run_name="gpt2",
-    dataset="openwebtext", gradient_accumulation_steps=40, batch_size=12, block_size=1024, n_layer=12, n_head=12,
-    n_embd=768, dropout=0.0, bias=False, learning_rate=6e-4, max_iters=600000, weight_decay=1e-1, beta1=0.9,
-    beta2=0.95, grad_clip=1.0, decay_lr=True, warmup_iters=2000, lr_decay_iters=600000, min_lr=6e-5,
-    backend="nccl", device="cuda",
+    out_dir="out",
+    eval_interval=2000,
+    log_interval=1,
+    eval_iters=200,
+    eval_only=False,
+    always_save_checkpoint=True,
+    init_from="scratch",
+    wandb_log=False,
+    wandb_project="owt",
+    wandb_run_name="gpt2",
+    dataset="openwebtext",
+    gradient_accumulation_steps=40,
+    batch_size=12,
+    block_size=1024,
+    n_layer=12,
+    n_head=12,
+    n_embd=768,
+    dropout=0.0,
+    bias=False,
+    learning_rate=6e-4,
+    max_iters=600000,
+    weight_decay=1e-1,
+    beta1=0.9,
+    beta2=0.95,
+    grad_clip=1.0,
+    decay_lr=True,
+    warmup_iters=2000,
+    lr_decay_iters=600000,
+    min_lr=6e-5,
+    backend="nccl",
+    device="cuda",
 )
 
 
@@ -39,9 +64,11 @@ def test_every_field_is_documented_in_help():
 
 
 def test_nanogpt_readme_cpu_command():
-    args = ("config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --log_interval=1 "
-            "--block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 "
-            "--lr_decay_iters=2000 --dropout=0.0").split()
+    args = (
+        "config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --log_interval=1 "
+        "--block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 "
+        "--lr_decay_iters=2000 --dropout=0.0"
+    ).split()
     args[0] = str(ROOT / args[0])
     cfg = load_config(args)
     got = (cfg.device, cfg.compile, cfg.eval_iters, cfg.block_size, cfg.n_layer, cfg.n_embd)
@@ -49,7 +76,12 @@ def test_nanogpt_readme_cpu_command():
     assert cfg.dropout == 0.0 and cfg.max_iters == 2000
     # from the file
     assert (cfg.dataset, cfg.out_dir, cfg.learning_rate, cfg.beta2, cfg.warmup_iters) == (
-        "shakespeare_char", "out-shakespeare-char", 1e-3, 0.99, 100)
+        "shakespeare_char",
+        "out-shakespeare-char",
+        1e-3,
+        0.99,
+        100,
+    )
     # the shipped CPU config says the same thing
     assert load_config([str(ROOT / "config/train_shakespeare_char_cpu.py")]) == cfg
 
@@ -89,8 +121,10 @@ def test_build_nanogpt_fineweb_config_is_their_run():
 
 def test_file_arithmetic_imports_and_order(tmp_path):
     f = tmp_path / "c.py"
-    f.write_text('"""doc"""\nimport time\nbatch_size = 4 * 3\nlearning_rate = 1e-3 / 2\nout_dir = "a" + "b"\n'
-                 "n_layer = -(-3)\ntotal_batch_size = 3 * 2**10\nblock_size=64\n")
+    f.write_text(
+        '"""doc"""\nimport time\nbatch_size = 4 * 3\nlearning_rate = 1e-3 / 2\nout_dir = "a" + "b"\n'
+        "n_layer = -(-3)\ntotal_batch_size = 3 * 2**10\nblock_size=64\n"
+    )
     cfg = load_config([str(f)])
     assert (cfg.batch_size, cfg.learning_rate, cfg.out_dir, cfg.n_layer) == (12, 5e-4, "ab", 3)
     assert cfg.total_batch_size == 3072 and cfg.gradient_accumulation_steps == 3072 // (12 * 64)
@@ -117,8 +151,9 @@ def test_file_is_never_executed(tmp_path):
 
 
 def test_override_forms():
-    cfg = load_config(["--batch_size", "4", "--device=cpu", "--compile", "--bias", "false", "--n-layer=3",
-                       "--min_lr", "1e-5"])
+    cfg = load_config(
+        ["--batch_size", "4", "--device=cpu", "--compile", "--bias", "false", "--n-layer=3", "--min_lr", "1e-5"]
+    )
     assert (cfg.batch_size, cfg.device, cfg.compile, cfg.bias, cfg.n_layer) == (4, "cpu", True, False, 3)
     assert cfg.min_lr == 1e-5
     assert load_config(["--compile", "auto", "--bias"]).compile == "auto"
@@ -147,21 +182,24 @@ def test_unknown_key_in_file_names_file_and_line(tmp_path):
         load_config([str(f)])
 
 
-@pytest.mark.parametrize("arg, message", [
-    ("--batch_size=1.5", r"--batch_size: batch_size must be int, got 1.5 \(float\)"),
-    ("--max_iters=2e3", r"max_iters must be int, got 2000.0"),
-    ("--bias=maybe", r"bias must be bool, got 'maybe'"),
-    ("--learning_rate=fast", r"learning_rate must be float, got 'fast' \(str\)"),
-    ("--compile=sometimes", r"compile must be True, False or 'auto'"),
-    ("--dtype=float8", r"dtype must be one of auto, float32, bfloat16, float16; got 'float8'"),
-    ("--n_embd=100", r"n_embd=100 must be divisible by n_head=12"),
-    ("--eval_iters=0", r"--eval_iters must be a positive integer, got 0"),
-    ("--learning_rate=-1", r"--learning_rate must not be negative"),
-    ("--learning_rate=1e999", r"--learning_rate must be a finite number, got inf"),
-    ("--dashboard_port=65536", r"--dashboard_port must be a port number 0-65535"),
-    ("--dropout=1.0", r"--dropout must be in \[0, 1\)"),
-    ("--init_from=gpt3", r"--init_from must be 'scratch', 'resume', one of gpt2, gpt2-medium"),
-])
+@pytest.mark.parametrize(
+    "arg, message",
+    [
+        ("--batch_size=1.5", r"--batch_size: batch_size must be int, got 1.5 \(float\)"),
+        ("--max_iters=2e3", r"max_iters must be int, got 2000.0"),
+        ("--bias=maybe", r"bias must be bool, got 'maybe'"),
+        ("--learning_rate=fast", r"learning_rate must be float, got 'fast' \(str\)"),
+        ("--compile=sometimes", r"compile must be True, False or 'auto'"),
+        ("--dtype=float8", r"dtype must be one of auto, float32, bfloat16, float16; got 'float8'"),
+        ("--n_embd=100", r"n_embd=100 must be divisible by n_head=12"),
+        ("--eval_iters=0", r"--eval_iters must be a positive integer, got 0"),
+        ("--learning_rate=-1", r"--learning_rate must not be negative"),
+        ("--learning_rate=1e999", r"--learning_rate must be a finite number, got inf"),
+        ("--dashboard_port=65536", r"--dashboard_port must be a port number 0-65535"),
+        ("--dropout=1.0", r"--dropout must be in \[0, 1\)"),
+        ("--init_from=gpt3", r"--init_from must be 'scratch', 'resume', one of gpt2, gpt2-medium"),
+    ],
+)
 def test_bad_values_name_key_value_and_type(arg, message):
     with pytest.raises(UserError, match=message):
         load_config([arg])
@@ -194,10 +232,10 @@ def test_total_batch_size_derives_gradient_accumulation():
     with pytest.raises(UserError, match=r"total_batch_size=1000 is not a multiple of batch_size \* block_size"):
         load_config(["--total_batch_size=1000", "--batch_size=8", "--block_size=64"])
     with pytest.raises(UserError, match="contradicts total_batch_size"):
-        load_config(["--total_batch_size=4096", "--batch_size=8", "--block_size=64",
-                     "--gradient_accumulation_steps=2"])
-    same = load_config(["--total_batch_size=4096", "--batch_size=8", "--block_size=64",
-                        "--gradient_accumulation_steps=8"])
+        load_config(["--total_batch_size=4096", "--batch_size=8", "--block_size=64", "--gradient_accumulation_steps=2"])
+    same = load_config(
+        ["--total_batch_size=4096", "--batch_size=8", "--block_size=64", "--gradient_accumulation_steps=8"]
+    )
     assert same.gradient_accumulation_steps == 8
 
 
@@ -224,14 +262,20 @@ def test_build_nanogpt_aliases_in_both_forms_and_in_files(alias, key, value, tmp
     # the same value under both names is fine; different ones are an error naming both
     assert getattr(load_config([f"--{alias}={value}", f"--{key}={value}"]), key) == value
     other = "elsewhere" if isinstance(value, str) else value * 2
-    with pytest.raises(UserError, match=rf"--{alias}={value} and --{key}={other} disagree \({alias} is "
-                                        rf"build-nanogpt's name for {key}\)"):
+    with pytest.raises(
+        UserError,
+        match=rf"--{alias}={value} and --{key}={other} disagree \({alias} is "
+        rf"build-nanogpt's name for {key}\)",
+    ):
         load_config([f"--{alias}={value}", f"--{key}={other}"])
     # in one file, both names with different values are an error too
     g = tmp_path / "g.py"
     g.write_text(f"{key} = {other!r}\n{alias} = {value!r}\n")
-    with pytest.raises(UserError, match=rf"{alias} = {value!r} \(.*g.py:2\) and {key} = {other!r} \(.*g.py:1\) "
-                                        "disagree"):
+    with pytest.raises(
+        UserError,
+        match=rf"{alias} = {value!r} \(.*g.py:2\) and {key} = {other!r} \(.*g.py:1\) "
+        "disagree",
+    ):
         load_config([str(g)])
     # across places the later one wins, as for any key: the command line overrides a file, either name
     h = tmp_path / "h.py"
@@ -241,9 +285,11 @@ def test_build_nanogpt_aliases_in_both_forms_and_in_files(alias, key, value, tmp
 
 
 def test_build_nanogpt_names_we_share_and_a_full_command():
-    cfg = load_config("--mini_batch_size=16 --context_length=1024 --num_layers=12 --num_heads=12 --embd_size=768 "
-                      "--max_lr=6e-4 --min_lr 6e-5 --warmup_steps=715 --weight_decay=0.1 --total_batch_size=524288 "
-                      "--steps_per_epoch=19073 --num_epochs=1 --eval_freq=250 --logdir=log --seed=1337".split())
+    cfg = load_config(
+        "--mini_batch_size=16 --context_length=1024 --num_layers=12 --num_heads=12 --embd_size=768 "
+        "--max_lr=6e-4 --min_lr 6e-5 --warmup_steps=715 --weight_decay=0.1 --total_batch_size=524288 "
+        "--steps_per_epoch=19073 --num_epochs=1 --eval_freq=250 --logdir=log --seed=1337".split()
+    )
     assert (cfg.batch_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd) == (16, 1024, 12, 12, 768)
     assert (cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.weight_decay) == (6e-4, 6e-5, 715, 0.1)
     assert (cfg.max_iters, cfg.lr_decay_iters, cfg.out_dir, cfg.seed) == (19073, 19073, "log", 1337)
@@ -271,8 +317,11 @@ def test_steps_per_epoch_and_num_epochs_set_max_iters_and_lr_decay_iters(tmp_pat
     f.write_text("lr_decay_iters = 280\nsteps_per_epoch = 10 * 10\n")
     assert (load_config([str(f), "--num_epochs=3"]).lr_decay_iters, load_config([str(f)]).max_iters) == (280, 100)
     assert load_config(["--steps_per_epoch=100", "--num_epochs=3", "--max_iters=300"]).max_iters == 300
-    with pytest.raises(UserError, match=r"--steps_per_epoch=100 and --num_epochs=3 and --max_iters=200 disagree "
-                                        r"\(max_iters = steps_per_epoch \* num_epochs = 300\)"):
+    with pytest.raises(
+        UserError,
+        match=r"--steps_per_epoch=100 and --num_epochs=3 and --max_iters=200 disagree "
+        r"\(max_iters = steps_per_epoch \* num_epochs = 300\)",
+    ):
         load_config(["--steps_per_epoch=100", "--num_epochs=3", "--max_iters=200"])
     with pytest.raises(UserError, match=r"--num_epochs=0: num_epochs must be a positive integer"):
         load_config(["--num_epochs=0"])
@@ -302,7 +351,7 @@ def test_alias_last_one_wins_and_unknown_names_suggest_aliases():
 
 
 def test_help_lists_the_aliases():
-    from gptforge.config import ALIASES, EPOCH_NAMES, alias_help
+    from gptforge.aliases import ALIASES, EPOCH_NAMES, alias_help
 
     text = alias_help()
     for alias, key in ALIASES.items():

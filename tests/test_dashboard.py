@@ -23,22 +23,37 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from gptforge.dashboard.runs import MAX_LINE, RunIndex, find_run_folders, read_records
+from gptforge.dashboard.records import MAX_LINE, read_records
+from gptforge.dashboard.runs import RunIndex, find_run_folders
 
 
-def write_run(folder: Path, steps: int, max_iters: int | None = None, eval_every: int = 10, t0: float | None = None,
-              **config) -> Path:
+def write_run(
+    folder: Path, steps: int, max_iters: int | None = None, eval_every: int = 10, t0: float | None = None, **config
+) -> Path:
     """A run folder with `steps` train lines (an eval every eval_every steps) and config.json."""
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.time() - steps if t0 is None else t0
     lines = []
     for s in range(steps):
         loss = 1.5 + 2.5 * math.exp(-s / 40)
-        lines.append({"step": s, "kind": "train", "loss": loss, "lr": 1e-3, "grad_norm": 0.9, "ms_per_iter": 30.0,
-                      "tokens_per_s": 24000, "mfu": 0.03, "eta_s": 1.0, "time": t0 + s})
+        lines.append(
+            {
+                "step": s,
+                "kind": "train",
+                "loss": loss,
+                "lr": 1e-3,
+                "grad_norm": 0.9,
+                "ms_per_iter": 30.0,
+                "tokens_per_s": 24000,
+                "mfu": 0.03,
+                "eta_s": 1.0,
+                "time": t0 + s,
+            }
+        )
         if s % eval_every == 0:
-            lines.append({"step": s, "kind": "eval", "train_loss": loss, "val_loss": loss + 0.1, "lr": 1e-3,
-                          "time": t0 + s})
+            lines.append(
+                {"step": s, "kind": "eval", "train_loss": loss, "val_loss": loss + 0.1, "lr": 1e-3, "time": t0 + s}
+            )
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     (folder / "config.json").write_text(json.dumps({"max_iters": max_iters or steps * 2, **config}))
     return folder
@@ -76,8 +91,11 @@ def test_finds_runs_in_a_folder_of_runs_nested_and_not_too_deep(tmp_path):
     assert found == {"a", "sweep/lr1e-3", "sweep/deep/er"}
     # a run folder given directly is a run; ids are URL-safe slugs, names are relative paths
     index = RunIndex([str(tmp_path / "a"), str(tmp_path / "sweep")])
-    assert [(r.id, r.name) for r in index.runs()] == [("a", "a"), ("sweep-deep-er", "sweep/deep/er"),
-                                                      ("sweep-lr1e-3", "sweep/lr1e-3")]
+    assert [(r.id, r.name) for r in index.runs()] == [
+        ("a", "a"),
+        ("sweep-deep-er", "sweep/deep/er"),
+        ("sweep-lr1e-3", "sweep/lr1e-3"),
+    ]
 
 
 def test_api_lists_runs_and_reads_metrics_incrementally(tmp_path, dashboard):
@@ -121,9 +139,15 @@ def test_malformed_and_huge_lines_are_skipped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     good = [{"step": 1, "kind": "train", "loss": 2.0}, {"step": 2, "kind": "train", "loss": float("nan")}]
     lines = [
-        json.dumps(good[0]), "not json at all", "[1, 2, 3]", '{"kind": "train"}', '{"step": "x", "kind": "eval"}',
+        json.dumps(good[0]),
+        "not json at all",
+        "[1, 2, 3]",
+        '{"kind": "train"}',
+        '{"step": "x", "kind": "eval"}',
         '{"step": 3, "kind": "train", "loss": ' + "1" * (MAX_LINE + 10) + "}",  # over a megabyte: skipped
-        "\x00\xff garbage", "", json.dumps(good[1]),
+        "\x00\xff garbage",
+        "",
+        json.dumps(good[1]),
     ]
     path.write_bytes(("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
     chunk = read_records(str(path))
@@ -171,14 +195,31 @@ def test_run_state_rule(tmp_path, dashboard):
     os.utime(crashed / "ckpt.pt", (now - 900, now - 900))
     url = dashboard(tmp_path)
     states = {r["id"]: r["state"] for r in get_json(url, "/api/runs")["runs"]}
-    assert states == {"finished": "finished", "running": "running", "crashed": "crashed", "stopped": "stopped",
-                      "ended": "finished"}
+    assert states == {
+        "finished": "finished",
+        "running": "running",
+        "crashed": "crashed",
+        "stopped": "stopped",
+        "ended": "finished",
+    }
 
 
 def skip_line(step: int, in_a_row: int, t: float, loss: float = float("nan"), grad_norm: float = float("nan")) -> str:
     """A skip record as train writes it (json.dumps allows NaN: the line holds a bare NaN)."""
-    return json.dumps({"step": step, "kind": "skip", "loss": loss, "grad_norm": grad_norm, "in_a_row": in_a_row,
-                       "max_bad_steps": 10, "time": t}) + "\n"
+    return (
+        json.dumps(
+            {
+                "step": step,
+                "kind": "skip",
+                "loss": loss,
+                "grad_norm": grad_norm,
+                "in_a_row": in_a_row,
+                "max_bad_steps": 10,
+                "time": t,
+            }
+        )
+        + "\n"
+    )
 
 
 def test_summary_counts_skipped_steps_and_the_api_lists_them(tmp_path, dashboard, monkeypatch):
@@ -196,6 +237,7 @@ def test_summary_counts_skipped_steps_and_the_api_lists_them(tmp_path, dashboard
     (run / "metrics.jsonl").write_text(text + "".join(lines))
 
     from gptforge.dashboard import runs as runs_module
+
     parsed = []
     parse = runs_module.parse_line
     monkeypatch.setattr(runs_module, "parse_line", lambda raw: parsed.append(raw) or parse(raw))
@@ -211,8 +253,13 @@ def test_summary_counts_skipped_steps_and_the_api_lists_them(tmp_path, dashboard
     listed = {r["id"]: r for r in get_json(url, "/api/runs")["runs"]}  # strict JSON: NaN arrives as null
     assert listed["clean"]["skipped"] == 0 and listed["clean"]["last_skip"] is None
     assert listed["nan"]["skipped"] == 3
-    assert listed["nan"]["last_skip"] == {"step": 1031, "loss": None, "grad_norm": None, "in_a_row": 1,
-                                          "max_bad_steps": 10}
+    assert listed["nan"]["last_skip"] == {
+        "step": 1031,
+        "loss": None,
+        "grad_norm": None,
+        "in_a_row": 1,
+        "max_bad_steps": 10,
+    }
     assert listed["nan"]["step"] == 3031 and listed["nan"]["loss"] == 2.0
 
     # new lines are read incrementally: one more skip counts once, a fresh file (renamed in) starts from 0
@@ -223,7 +270,11 @@ def test_summary_counts_skipped_steps_and_the_api_lists_them(tmp_path, dashboard
     records = get_json(url, "/api/runs/nan/metrics?offset=0")["records"]
     skips = [r for r in records if r["kind"] == "skip"]
     assert [(r["step"], r["loss"], r["grad_norm"], r["in_a_row"]) for r in skips] == [
-        (30, None, None, 1), (31, 3.5, None, 2), (1031, None, None, 1), (3032, None, 0.5, 1)]
+        (30, None, None, 1),
+        (31, 3.5, None, 2),
+        (1031, None, None, 1),
+        (3032, None, 0.5, 1),
+    ]
     tmp = clean / "metrics.jsonl.tmp"
     tmp.write_text(json.dumps({"step": 0, "kind": "train", "loss": 4.0, "time": t}) + "\n" + skip_line(1, 1, t))
     os.replace(tmp, clean / "metrics.jsonl")
@@ -231,11 +282,24 @@ def test_summary_counts_skipped_steps_and_the_api_lists_them(tmp_path, dashboard
 
 
 TRAVERSALS = [
-    "/../etc/passwd", "/static/../../pyproject.toml", "/static/..%2f..%2fpyproject.toml", "/%2e%2e/%2e%2e/etc/passwd",
-    "/static/%2e%2e/%2e%2e/pyproject.toml", "/%252e%252e/pyproject.toml", "/api/runs/..%2f..%2fetc/config",
-    "/api/runs/../../../etc/config", "/etc/passwd", "//etc/passwd", "/static/..\\..\\pyproject.toml",
-    "/static/server.py", "/static/../server.py", "/api/runs/%2Fetc%2Fpasswd/metrics", "http://example.com/../x",
-    "/api/runs/run/../../../../etc/passwd", "/api/runs/run/metrics.jsonl", "/static/%00app.js",
+    "/../etc/passwd",
+    "/static/../../pyproject.toml",
+    "/static/..%2f..%2fpyproject.toml",
+    "/%2e%2e/%2e%2e/etc/passwd",
+    "/static/%2e%2e/%2e%2e/pyproject.toml",
+    "/%252e%252e/pyproject.toml",
+    "/api/runs/..%2f..%2fetc/config",
+    "/api/runs/../../../etc/config",
+    "/etc/passwd",
+    "//etc/passwd",
+    "/static/..\\..\\pyproject.toml",
+    "/static/server.py",
+    "/static/../server.py",
+    "/api/runs/%2Fetc%2Fpasswd/metrics",
+    "http://example.com/../x",
+    "/api/runs/run/../../../../etc/passwd",
+    "/api/runs/run/metrics.jsonl",
+    "/static/%00app.js",
 ]
 
 
@@ -282,8 +346,12 @@ def test_server_starts_fast_without_torch_or_numpy(tmp_path):
 
 def test_cli_serves_and_prints_the_url(tmp_path):
     write_run(tmp_path / "run", 3)
-    proc = subprocess.Popen([sys.executable, "-m", "gptforge", "dashboard", str(tmp_path), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptforge", "dashboard", str(tmp_path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 20)
         assert ready, "no URL printed"
@@ -299,11 +367,18 @@ def test_cli_serves_and_prints_the_url(tmp_path):
 
 def test_cli_user_errors(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-m", "gptforge", "dashboard", str(tmp_path / "nope")], capture_output=True,
-                       text=True, timeout=30, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "gptforge", "dashboard", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     assert r.returncode == 2 and "no such folder" in r.stderr and "Traceback" not in r.stderr
     # plotly not installed: sys.modules[name] = None is how Python marks a module as absent
-    code = ("import sys; sys.modules['plotly'] = None\nfrom gptforge.cli import main\n"
-            f"main(['dashboard', {str(tmp_path)!r}, '--port', '0'])")
+    code = (
+        "import sys; sys.modules['plotly'] = None\nfrom gptforge.cli import main\n"
+        f"main(['dashboard', {str(tmp_path)!r}, '--port', '0'])"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)
     assert r.returncode == 2 and "pip install 'gptforge[dashboard]'" in r.stderr and "Traceback" not in r.stderr

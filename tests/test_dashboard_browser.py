@@ -17,8 +17,16 @@ from gptforge.dashboard.server import start_dashboard
 from test_dashboard import skip_line, write_run
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def need_browser():
@@ -58,13 +66,22 @@ TRAIN_POINTS = """name => {
 def test_page_follows_a_live_training_run_and_compares_runs(tmp_path, char_data):
     sync_playwright = need_browser()
     runs = tmp_path / "runs"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
 
     def train(name: str, max_iters: int, **kw) -> subprocess.Popen:
         args = tiny_train_args(char_data, runs / name, max_iters=max_iters, lr_decay_iters=max_iters, **kw)
-        return subprocess.Popen([sys.executable, "-m", "gptforge", "train", *args], cwd=tmp_path, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "gptforge", "train", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     short = train("short", 60, eval_interval=20)  # finishes first: the run to compare with
     live = train("live", 5000, eval_interval=50, learning_rate=1e-3)  # still writing while the page watches
@@ -108,7 +125,8 @@ def test_page_follows_a_live_training_run_and_compares_runs(tmp_path, char_data)
                 assert len(lr["live"][0]) >= first + 20 and max(lr["live"][1]) <= 1e-3
                 page.wait_for_function(
                     "() => document.querySelector(\".card[data-id='short'] .badge\").textContent === 'finished'",
-                    timeout=10_000)
+                    timeout=10_000,
+                )
                 assert page.locator("#config-diff").inner_text().count("max_iters") == 1
 
                 page.check("#logscale")
@@ -148,8 +166,11 @@ def test_page_marks_skipped_steps_and_counts_them_in_the_run_list(tmp_path, dash
     sync_playwright = need_browser()
     t0 = time.time() - 60
     run = write_run(tmp_path / "nan", 40, max_iters=100, t0=t0)
-    skips = {12: skip_line(12, 1, t0 + 12), 25: skip_line(25, 1, t0 + 25, loss=2.5, grad_norm=float("inf")),
-             26: skip_line(26, 2, t0 + 26)}
+    skips = {
+        12: skip_line(12, 1, t0 + 12),
+        25: skip_line(25, 1, t0 + 25, loss=2.5, grad_norm=float("inf")),
+        26: skip_line(26, 2, t0 + 26),
+    }
     lines = []  # a skipped step writes a skip line instead of its train line
     for raw in (run / "metrics.jsonl").read_text().splitlines(keepends=True):
         record = json.loads(raw)
@@ -176,9 +197,11 @@ def test_page_marks_skipped_steps_and_counts_them_in_the_run_list(tmp_path, dash
                 (skip,) = traces[chart]
                 assert skip["x"] == [12, 25, 26] and skip["mode"] == "markers" and skip["symbol"] == "x"
                 assert skip["yaxis"] == "y2"  # a hidden 0..1 axis: the markers sit along the bottom at any scale
-                assert skip["text"] == ["step 12 skipped: loss/grad norm not finite (1 in a row)",
-                                        "step 25 skipped: loss/grad norm not finite (1 in a row)",
-                                        "step 26 skipped: loss/grad norm not finite (2 in a row)"]
+                assert skip["text"] == [
+                    "step 12 skipped: loss/grad norm not finite (1 in a row)",
+                    "step 25 skipped: loss/grad norm not finite (1 in a row)",
+                    "step 26 skipped: loss/grad norm not finite (2 in a row)",
+                ]
             # the train curve has no point at a skipped step
             train_x = page.evaluate("""() => Array.from(document.getElementById('chart-loss').data
                 .find(t => t.name === 'nan train').x)""")

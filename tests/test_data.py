@@ -98,12 +98,15 @@ def test_text_recipe_char_and_gpt2(tmp_path, tiktoken_cache):
     assert ids.tolist() == expected and meta["eot_token"] == 50256
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(recipe="text", files=[], name="x"), "needs one or more FILEs and --name"),
-    (dict(recipe="text", files=["missing.txt"], name="x"), "input file 'missing.txt' not found"),
-    (dict(recipe="wiki"), "unknown recipe 'wiki'"),
-    (dict(recipe="shakespeare_char", val_fraction=1.5), "--val_fraction must be between 0 and 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(recipe="text", files=[], name="x"), "needs one or more FILEs and --name"),
+        (dict(recipe="text", files=["missing.txt"], name="x"), "input file 'missing.txt' not found"),
+        (dict(recipe="wiki"), "unknown recipe 'wiki'"),
+        (dict(recipe="shakespeare_char", val_fraction=1.5), "--val_fraction must be between 0 and 1"),
+    ],
+)
 def test_prepare_errors(tmp_path, kwargs, message):
     with pytest.raises(UserError, match=message):
         prep.prepare(data_dir=str(tmp_path), **kwargs)
@@ -116,17 +119,18 @@ def test_non_utf8_input_is_named(tmp_path):
         prep.prepare("text", data_dir=str(tmp_path), files=[str(bad)], name="x")
 
 
-def test_failed_rewrite_keeps_the_previous_dataset(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failing_file", ["meta.json", "train.bin", "val.bin"])  # val.bin: the others are staged
+def test_failed_rewrite_keeps_the_previous_dataset(tmp_path, monkeypatch, failing_file):
     (tmp_path / "t.txt").write_text("abcdefgh\n" * 100)
     prep.prepare("text", data_dir=str(tmp_path), files=[str(tmp_path / "t.txt")], name="x")
     before = {p: (tmp_path / "x" / p).read_bytes() for p in ("train.bin", "val.bin", "meta.json")}
     (tmp_path / "t.txt").write_text("zyxwvut\n" * 100)
     real_write = prep.write_file
 
-    def failing(path, data):
-        if path.endswith("meta.json.tmp"):
+    def failing(fh, data):
+        if os.path.basename(fh.name).startswith(f".{failing_file}."):  # its temporary file, files.temp_path
             raise OSError(28, "No space left on device")
-        return real_write(path, data)
+        return real_write(fh, data)
 
     monkeypatch.setattr(prep, "write_file", failing)
     with pytest.raises(UserError, match="No space left on device"):
@@ -235,8 +239,13 @@ def test_token_files_are_checked_against_the_meta(tmp_path):
     np.arange(10, dtype=np.uint16).tofile(tmp_path / "val.bin")
     with pytest.raises(UserError, match=r"no meta.json or meta.pkl.*below 256 \(largest 39\).*meta.json is missing"):
         read_meta(str(tmp_path))
-    meta = {"vocab_size": 40, "tokenizer": "char", "itos": [chr(65 + i) for i in range(40)], "dtype": "uint16",
-            "tokens": {"train": 40, "val": 10}}
+    meta = {
+        "vocab_size": 40,
+        "tokenizer": "char",
+        "itos": [chr(65 + i) for i in range(40)],
+        "dtype": "uint16",
+        "tokens": {"train": 40, "val": 10},
+    }
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     assert read_meta(str(tmp_path))["vocab_size"] == 40
     (tmp_path / "meta.json").write_text(json.dumps({**meta, "vocab_size": 30, "itos": meta["itos"][:30]}))

@@ -13,16 +13,30 @@ from conftest import tiny_train_args
 
 
 def torchrun(*args, nproc=2, timeout=240):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "gptforge", "train", *map(str, args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "gptforge",
+        "train",
+        *map(str, args),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def one_process(char_data, out_dir, options):
     """The same training as one plain process (one thread, like each torchrun rank); returns its out_dir."""
-    r = subprocess.run([sys.executable, "-m", "gptforge", "train", *tiny_train_args(char_data, out_dir, **options)],
-                       capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [sys.executable, "-m", "gptforge", "train", *tiny_train_args(char_data, out_dir, **options)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stderr
     return out_dir
 
@@ -34,8 +48,16 @@ def losses(out_dir):
 
 @pytest.mark.slow
 def test_ddp_matches_one_process_logs_once_and_resumes_exactly(char_data, tmp_path):
-    common = dict(data_loader="sharded", gradient_accumulation_steps=4, batch_size=4, max_iters=8, eval_interval=4,
-                  eval_iters=4, dropout=0.0, dtype="float32")
+    common = dict(
+        data_loader="sharded",
+        gradient_accumulation_steps=4,
+        batch_size=4,
+        max_iters=8,
+        eval_interval=4,
+        eval_iters=4,
+        dropout=0.0,
+        dtype="float32",
+    )
     single = one_process(char_data, tmp_path / "single", common)
     ddp = tmp_path / "ddp"
     r = torchrun(*tiny_train_args(char_data, ddp, **common))
@@ -61,8 +83,16 @@ def test_ddp_matches_one_process_logs_once_and_resumes_exactly(char_data, tmp_pa
 
 @pytest.mark.slow
 def test_fsdp_matches_one_process_and_its_checkpoint_loads_in_one_process(char_data, tmp_path):
-    common = dict(data_loader="sharded", gradient_accumulation_steps=2, batch_size=4, max_iters=6, eval_interval=3,
-                  eval_iters=2, dropout=0.0, dtype="float32")
+    common = dict(
+        data_loader="sharded",
+        gradient_accumulation_steps=2,
+        batch_size=4,
+        max_iters=6,
+        eval_interval=3,
+        eval_iters=2,
+        dropout=0.0,
+        dtype="float32",
+    )
     single = one_process(char_data, tmp_path / "single", common)
     fsdp = tmp_path / "fsdp"
     r = torchrun(*tiny_train_args(char_data, fsdp, parallel="fsdp", **common))
@@ -73,19 +103,19 @@ def test_fsdp_matches_one_process_and_its_checkpoint_loads_in_one_process(char_d
     assert max(abs(a - b) for a, b in zip(one, two, strict=True)) < 1e-4, (one, two)
 
     # the gathered checkpoint holds whole tensors: it loads and samples in one plain process
-    from gptforge.checkpoint import load_checkpoint
-    from gptforge.sample import load_run
+    from gptforge.checkpoint import load_checkpoint, load_checkpoint_model
 
     ckpt = load_checkpoint(str(fsdp / "ckpt.pt"))
     assert ckpt["optimizer_format"] == "fqn" and ckpt["iter_num"] == 6
-    model, _ = load_run(str(fsdp), "cpu")
+    model, _, _ = load_checkpoint_model(str(fsdp / "ckpt.pt"), "cpu")
     reference = load_checkpoint(str(single / "ckpt.pt"))["model"]
     for key, value in model.state_dict().items():
         assert (value - reference[key]).abs().max() < 1e-4, key
 
     # and resumes under FSDP
-    r = torchrun(*tiny_train_args(char_data, fsdp, parallel="fsdp", **{**common, "max_iters": 8,
-                                                                        "init_from": "resume"}))
+    r = torchrun(
+        *tiny_train_args(char_data, fsdp, parallel="fsdp", **{**common, "max_iters": 8, "init_from": "resume"})
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert load_checkpoint(str(fsdp / "ckpt.pt"))["iter_num"] == 8
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import run_cli, tiny_train_args
+from gptforge.checkpoint import load_checkpoint_model
 from gptforge.data.loader import RandomBatches
 from gptforge.data.prepare import prepare
-from gptforge.sample import load_checkpoint_model
 
 
 def reference_loss(ckpt_path, bin_path, batch, block, iters, seed) -> float:
@@ -32,8 +32,16 @@ def test_loss_and_perplexity_of_a_run_and_of_a_step_checkpoint(char_data, tmp_pa
     out = tmp_path / "run"
     r = run_cli("train", *tiny_train_args(char_data, out, max_iters=10, ckpt_interval=5))
     assert r.returncode == 0, r.stderr
-    r = run_cli("eval", "loss", f"--out_dir={out}", "--split=both", "--eval_iters=6", "--batch_size=4",
-                "--device=cpu", "--seed=3")
+    r = run_cli(
+        "eval",
+        "loss",
+        f"--out_dir={out}",
+        "--split=both",
+        "--eval_iters=6",
+        "--batch_size=4",
+        "--device=cpu",
+        "--seed=3",
+    )
     assert r.returncode == 0, r.stderr
     lines = re.findall(r"^(val|train) loss ([\d.]+) \(ppl ([\d.]+)\)$", r.stdout, re.M)
     figures = {split: (float(loss), float(ppl)) for split, loss, ppl in lines}
@@ -43,8 +51,15 @@ def test_loss_and_perplexity_of_a_run_and_of_a_step_checkpoint(char_data, tmp_pa
         assert abs(loss - ref) < 1e-4, (split, loss, ref)
         assert abs(ppl - math.exp(ref)) < 0.01 * math.exp(ref)
     # a step checkpoint (--ckpt): the dataset and block size come from the run's config inside it
-    r = run_cli("eval", "loss", f"--ckpt={out / 'model_00005.pt'}", "--eval_iters=6", "--batch_size=4",
-                "--device=cpu", "--seed=3")
+    r = run_cli(
+        "eval",
+        "loss",
+        f"--ckpt={out / 'model_00005.pt'}",
+        "--eval_iters=6",
+        "--batch_size=4",
+        "--device=cpu",
+        "--seed=3",
+    )
     assert r.returncode == 0, r.stderr
     ref = reference_loss(out / "model_00005.pt", char_data / "tiny" / "val.bin", 4, 32, 6, 3)
     assert abs(float(r.stdout.split()[2]) - ref) < 1e-4

@@ -1,8 +1,8 @@
 """Never lose a run: real `gptforge train` processes killed with SIGKILL, stopped with SIGTERM, interrupted twice.
 
 Each test compares with an uninterrupted run of the same command, exactly: every model and optimizer
-tensor (torch.equal), torch's generator, the data position, and every loss in metrics.jsonl. The kill -9
-campaigns live in fault_campaign.py, which also runs as a script for bigger campaigns:
+tensor (torch.equal), torch's generator, the data position, and every loss in metrics.jsonl (fault_tools.py).
+The kill -9 campaigns live in fault_campaign.py, which also runs as a script for bigger campaigns:
 
     python tests/fault_campaign.py --kills 60 --seed 0 --json
 """
@@ -16,16 +16,8 @@ import time
 from pathlib import Path
 
 from conftest import SHARED, need_shared, tiny_train_args
-from fault_campaign import (
-    CHILD_TIMEOUT,
-    SHARDED_RUN,
-    Child,
-    compare_runs,
-    prepare_shard_data,
-    records,
-    run_campaign,
-    summary,
-)
+from fault_campaign import SHARDED_RUN, prepare_shard_data, run_campaign, summary
+from fault_tools import CHILD_TIMEOUT, Child, compare_runs, records
 from gptforge.checkpoint import load_checkpoint
 
 
@@ -67,8 +59,9 @@ def test_kill_9_campaign_with_the_sharded_loader(tmp_path, tiktoken_cache):
     assert config["data_loader"] == "sharded"
 
 
-SIGNAL_RUN = dict(max_iters=40, lr_decay_iters=40, warmup_iters=5, eval_interval=10, eval_iters=2, n_embd=64,
-                  n_head=2, dropout=0.1)
+SIGNAL_RUN = dict(
+    max_iters=40, lr_decay_iters=40, warmup_iters=5, eval_interval=10, eval_iters=2, n_embd=64, n_head=2, dropout=0.1
+)
 
 
 def test_sigterm_mid_run_then_resume_equals_an_uninterrupted_run(char_data, tmp_path):
@@ -99,8 +92,16 @@ def test_second_signal_while_the_step_finishes_stops_at_once(char_data, tmp_path
     """A second SIGTERM while the loop finishes its step (a ~1 s step, so both signals land inside it): exit 130
     at once, no step completed and no checkpoint written after it; the previous ckpt.pt is intact."""
     out = tmp_path / "run"
-    args = tiny_train_args(char_data, out, max_iters=1000, lr_decay_iters=1000, eval_interval=2, eval_iters=1,
-                           n_embd=64, gradient_accumulation_steps=128)
+    args = tiny_train_args(
+        char_data,
+        out,
+        max_iters=1000,
+        lr_decay_iters=1000,
+        eval_interval=2,
+        eval_iters=1,
+        n_embd=64,
+        gradient_accumulation_steps=128,
+    )
     child = Child(args)
     deadline = child.started + CHILD_TIMEOUT
     assert child.wait_for(lambda line: line.startswith("saved checkpoint") and " at iter 2 " in line, deadline)
@@ -126,8 +127,17 @@ def test_second_signal_during_the_stop_checkpoint_write(char_data, tmp_path):
     ckpt.pt is never torn: still the previous checkpoint, or the complete new one."""
     out = tmp_path / "run"
     # ~3.2M parameters: the checkpoint (model + AdamW moments) is ~38 MB, a write of ~0.1 s to freeze in
-    args = tiny_train_args(char_data, out, max_iters=1000, lr_decay_iters=1000, eval_interval=4, eval_iters=1,
-                           n_layer=4, n_head=4, n_embd=256)
+    args = tiny_train_args(
+        char_data,
+        out,
+        max_iters=1000,
+        lr_decay_iters=1000,
+        eval_interval=4,
+        eval_iters=1,
+        n_layer=4,
+        n_head=4,
+        n_embd=256,
+    )
     child = Child(args)
     deadline = child.started + CHILD_TIMEOUT
     tmp = out / f".ckpt.pt.{child.pid}.tmp"
@@ -148,8 +158,9 @@ def test_second_signal_during_the_stop_checkpoint_write(char_data, tmp_path):
     rc = child.finish(timeout=60)
     waited = time.monotonic() - sent
     stdout, stderr = child.stdout_text(), child.stderr_text()
-    print(f"\nfrozen mid-write: {frozen_mid_write}; temporary file left: {tmp.exists()}; exit {rc} after "
-          f"{waited:.2f} s")
+    print(
+        f"\nfrozen mid-write: {frozen_mid_write}; temporary file left: {tmp.exists()}; exit {rc} after {waited:.2f} s"
+    )
     assert frozen_mid_write, "the write finished before the process could be frozen; nothing was tested"
     assert rc == 130, (rc, stderr)
     assert "gptforge: interrupted" in stderr and "Traceback" not in stderr

@@ -1,62 +1,48 @@
-"""HellaSwag: rendering against tiktoken, scoring against a float64 loop, chance level, ranks, CLI, download."""
+"""HellaSwag, the library: rendering against tiktoken, scoring against a float64 loop, chance level, download,
+loading examples. The CLI and training's HellaSwag evals are in test_hellaswag_cli.py."""
 
 from __future__ import annotations
 
 import copy
-import json
 import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import run_cli
-from gptforge.checkpoint import save_checkpoint
 from gptforge.errors import UserError
 from gptforge.evaluate import hellaswag as hs
-from gptforge.model import GPT, GPTConfig
+from gptforge.model import GPT
 from gptforge.tokenizer import GPT2Tokenizer
+from hellaswag_tools import tiny_gpt
 
 EXAMPLES = [
-    {"ctx": "A man is sitting on a roof. he", "label": 3,
-     "endings": ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.", "is holding a cube.",
-                 "starts pulling up roofing on a roof."]},
-    {"ctx": "A lady walks to a barbell. She bends down and grabs the pole. the lady", "label": 0,
-     "endings": ["stands and lifts the weight over her head.", "swings.", "pulls the barbell forward.",
-                 "pulls a rope attached to the barbell, which is tied to a very long and winding rope of doom."]},
-    {"ctx": "Cooking pasta: Bring", "label": 2,
-     "endings": ["water", "a pot of salted water to the boil.", "the water to a boil", "it."]},
+    {
+        "ctx": "A man is sitting on a roof. he",
+        "label": 3,
+        "endings": [
+            "is using wrap to wrap a pair of skis.",
+            "is ripping level tiles off.",
+            "is holding a cube.",
+            "starts pulling up roofing on a roof.",
+        ],
+    },
+    {
+        "ctx": "A lady walks to a barbell. She bends down and grabs the pole. the lady",
+        "label": 0,
+        "endings": [
+            "stands and lifts the weight over her head.",
+            "swings.",
+            "pulls the barbell forward.",
+            "pulls a rope attached to the barbell, which is tied to a very long and winding rope of doom.",
+        ],
+    },
+    {
+        "ctx": "Cooking pasta: Bring",
+        "label": 2,
+        "endings": ["water", "a pot of salted water to the boil.", "the water to a boil", "it."],
+    },
 ]
-RESULT_LINE = re.compile(r"^hellaswag: (\d+) examples, acc ([\d.]+) \((\d+)/(\d+)\), "
-                         r"acc_norm ([\d.]+) \((\d+)/(\d+)\)$")
-
-
-def tiny_gpt(block_size: int = 64, vocab_size: int = 50257, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=block_size, vocab_size=vocab_size)).eval()
-
-
-def save_run(out_dir: Path, tokenizer_spec: dict, vocab_size: int = 50304) -> Path:
-    """A run folder as `gptforge train` leaves it, without training: a random tiny GPT in ckpt.pt."""
-    model = tiny_gpt(vocab_size=vocab_size)
-    args = {k: getattr(model.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(str(out_dir / "ckpt.pt"), {"model": model.state_dict(), "model_args": args, "iter_num": 0,
-                                               "best_val_loss": 1e9, "config": {}, "tokenizer": tokenizer_spec})
-    return out_dir
-
-
-def parse_result(stdout: str) -> tuple[int, int, int]:
-    lines = stdout.splitlines()
-    assert len(lines) == 1, stdout  # the result line and nothing else on stdout
-    m = RESULT_LINE.match(lines[0])
-    assert m, lines[0]
-    n, correct, correct_norm = int(m[1]), int(m[3]), int(m[6])
-    assert int(m[4]) == int(m[7]) == n and float(m[2]) == pytest.approx(correct / n, abs=5e-5)
-    return n, correct, correct_norm
 
 
 def test_render_example_is_context_then_space_prefixed_endings(tiktoken_cache):
@@ -107,20 +93,27 @@ def reference_losses(model: GPT, example: dict, block_size: int) -> tuple[list[f
 @pytest.mark.parametrize("block_size", [64, 12])  # 12: most rows are cropped from the left, one ending too
 def test_scores_match_a_float64_reference(tiktoken_cache, block_size):
     model, tok = tiny_gpt(block_size), GPT2Tokenizer()
-    sum_loss, mean_loss = hs.ending_losses(model, tok, EXAMPLES, "cpu")  # one padded batch
+    rendered = [hs.render_example(ex, tok, block_size) for ex in EXAMPLES]
+    sum_loss, mean_loss = hs.score_rendered(model, rendered, "cpu")  # one padded batch
     assert sum_loss.shape == mean_loss.shape == (3, 4)
     correct = correct_norm = 0
     for n, ex in enumerate(EXAMPLES):
         sums, means = reference_losses(model, ex, block_size)
         torch.testing.assert_close(sum_loss[n].double(), torch.tensor(sums, dtype=torch.float64), rtol=1e-5, atol=1e-4)
-        torch.testing.assert_close(mean_loss[n].double(), torch.tensor(means, dtype=torch.float64),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            mean_loss[n].double(), torch.tensor(means, dtype=torch.float64), rtol=1e-5, atol=1e-5
+        )
         correct += min(range(4), key=sums.__getitem__) == ex["label"]
         correct_norm += min(range(4), key=means.__getitem__) == ex["label"]
     for batch_examples in (1, 2):
         result = hs.evaluate_hellaswag(model, tok, EXAMPLES, "cpu", batch_examples=batch_examples, progress=False)
-        assert result == {"n": 3, "correct": correct, "correct_norm": correct_norm, "acc": correct / 3,
-                          "acc_norm": correct_norm / 3}
+        assert result == {
+            "n": 3,
+            "correct": correct,
+            "correct_norm": correct_norm,
+            "acc": correct / 3,
+            "acc_norm": correct_norm / 3,
+        }
     assert not model.training
 
 
@@ -173,93 +166,28 @@ def test_logits_at_ending_positions_only_give_the_full_logits_answers(tiktoken_c
     labels = torch.tensor([ex["label"] for ex in examples])
     result = hs.evaluate_hellaswag(model, tok, examples, "cpu", progress=False)
     assert (result["n"], result["correct"], result["correct_norm"]) == (
-        40, int((ref_sum.argmin(1) == labels).sum()), int((ref_mean.argmin(1) == labels).sum()))
+        40,
+        int((ref_sum.argmin(1) == labels).sum()),
+        int((ref_mean.argmin(1) == labels).sum()),
+    )
 
 
 def test_random_model_is_at_chance_on_200_real_examples(tiktoken_cache, hellaswag_path):
     assert len(hs.load_examples(str(hellaswag_path))) == 10042
     examples = hs.load_examples(str(hellaswag_path), limit=200)
-    result = hs.evaluate_hellaswag(tiny_gpt(block_size=128, vocab_size=50304), GPT2Tokenizer(), examples, "cpu",
-                                   progress=False)
+    result = hs.evaluate_hellaswag(
+        tiny_gpt(block_size=128, vocab_size=50304), GPT2Tokenizer(), examples, "cpu", progress=False
+    )
     print(result)
     assert result["n"] == 200 and result["correct"] + 0.0 == result["acc"] * 200
     assert 0.15 <= result["acc"] <= 0.35 and 0.15 <= result["acc_norm"] <= 0.35  # chance is 0.25
 
 
-def test_cli_one_process_and_two_torchrun_ranks_agree(tmp_path, tiktoken_cache, hellaswag_path):
-    """Sharded over 2 gloo ranks, the summed counts equal one process's and the library's own."""
-    out = save_run(tmp_path / "run", {"tokenizer": "gpt2"})
-    args = ["eval", "hellaswag", f"--out_dir={out}", f"--hellaswag_path={hellaswag_path}", "--limit=30",
-            "--device=cpu"]
-    single = run_cli(*args, cwd=tmp_path)
-    assert single.returncode == 0, single.stderr
-    n, correct, correct_norm = parse_result(single.stdout)
-    assert n == 30  # --limit
-    assert "hellaswag: scoring 30 examples" in single.stderr
-
-    torchrun = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gptforge",
-         *args, "--batch_size=3"], cwd=tmp_path, capture_output=True, text=True, timeout=180,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert torchrun.returncode == 0, torchrun.stderr
-    assert parse_result(torchrun.stdout) == (n, correct, correct_norm)
-    assert "2 process(es)" in torchrun.stderr
-
-    from gptforge.sample import load_run
-
-    model, tok = load_run(str(out), "cpu")
-    result = hs.evaluate_hellaswag(model, tok, hs.load_examples(str(hellaswag_path), 30), "cpu", progress=False)
-    assert (result["n"], result["correct"], result["correct_norm"]) == (n, correct, correct_norm)
-
-
-def test_cli_scores_a_checkpoint_file_given_by_ckpt(tmp_path, tiktoken_cache, hellaswag_path):
-    """--ckpt PATH: any checkpoint file (a step checkpoint, a copy elsewhere) instead of <out_dir>/ckpt.pt."""
-    import shutil
-
-    run = save_run(tmp_path / "run", {"tokenizer": "gpt2"})
-    moved = tmp_path / "elsewhere" / "model_00000.pt"
-    moved.parent.mkdir()
-    shutil.move(run / "ckpt.pt", moved)
-    r = run_cli("eval", "hellaswag", f"--ckpt={moved}", f"--hellaswag_path={hellaswag_path}", "--limit=8",
-                "--device=cpu", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    from gptforge.sample import load_checkpoint_model
-
-    model, tok, _ = load_checkpoint_model(str(moved), "cpu")
-    result = hs.evaluate_hellaswag(model, tok, hs.load_examples(str(hellaswag_path), 8), "cpu", progress=False)
-    assert parse_result(r.stdout) == (result["n"], result["correct"], result["correct_norm"]) and result["n"] == 8
-
-
-def test_cli_user_errors_exit_2(tmp_path, tiktoken_cache, hellaswag_path):
-    char_run = save_run(tmp_path / "char", {"tokenizer": "char", "itos": list("abc")}, vocab_size=3)
-    gpt2_run = save_run(tmp_path / "gpt2", {"tokenizer": "gpt2"})
-    cases = [
-        ([f"--out_dir={char_run}", f"--hellaswag_path={hellaswag_path}"], "needs a model trained with GPT-2's BPE"),
-        ([f"--out_dir={gpt2_run}", "--hellaswag_path=missing.jsonl"], "--hellaswag_path=missing.jsonl: no such file"),
-        ([f"--out_dir={gpt2_run}", "--limit=0"], "--limit must be a positive integer"),
-    ]
-    for args, message in cases:
-        r = run_cli("eval", "hellaswag", "--device=cpu", *args, cwd=tmp_path)
-        assert r.returncode == 2, (args, r.stderr)
-        assert message in r.stderr and r.stderr.startswith("gptforge: error:") and "Traceback" not in r.stderr
-        assert r.stdout == ""
-
-
-def test_eval_help_lists_the_options():
-    r = run_cli("eval", "hellaswag", "--help")
-    assert r.returncode == 0 and r.stderr == ""
-    flat = " ".join(r.stdout.split())
-    for text in ("--hellaswag_path", "--limit", "--batch_size", "(default: 4)", "--out_dir", "(default: out)",
-                 "--ckpt PATH"):
-        assert text in flat, text
-    r = run_cli("eval")
-    assert r.returncode == 2 and "hellaswag" in r.stderr  # the task is required
-
-
 def test_download_is_atomic_cached_and_names_the_option_offline(tmp_path, monkeypatch):
     source = tmp_path / "source.jsonl"
-    source.write_text("".join(f'{{"ctx": "c{i}", "endings": ["a", "b", "c", "d"], "label": {i % 4}}}\n'
-                              for i in range(5)))
+    source.write_text(
+        "".join(f'{{"ctx": "c{i}", "endings": ["a", "b", "c", "d"], "label": {i % 4}}}\n' for i in range(5))
+    )
     cache = tmp_path / "cache"
     path = hs.hellaswag_file(None, url=source.as_uri(), cache_dir=str(cache))
     assert Path(path) == cache / "hellaswag_val.jsonl" and Path(path).read_bytes() == source.read_bytes()
@@ -283,42 +211,3 @@ def test_load_examples_names_the_file_and_line_of_a_bad_example(tmp_path):
     with pytest.raises(UserError, match=r"bad.jsonl, line 2: not a HellaSwag example"):
         hs.load_examples(str(bad))
     assert len(hs.load_examples(str(bad), limit=1)) == 1
-
-
-def test_hellaswag_during_training_logs_acc_norm(tmp_path, hellaswag_path, tiktoken_cache):
-    """hellaswag_interval in train: counts at every interval and the last step, in log.txt and metrics.jsonl."""
-    import json
-
-    from conftest import tiny_train_args
-    from gptforge.config import load_config
-    from gptforge.data.prepare import prepare
-    from gptforge.train import train
-
-    text = tmp_path / "t.txt"
-    text.write_text("The quick brown fox jumps over the lazy dog. " * 80)
-    prepare("text", data_dir=str(tmp_path / "data"), files=[str(text)], name="bpe", tokenizer="gpt2")
-    args = tiny_train_args(tmp_path / "data", tmp_path / "r", dataset="bpe", max_iters=6, eval_interval=6,
-                           hellaswag_interval=4, hellaswag_limit=8, hellaswag_path=hellaswag_path)
-    train(load_config(args))
-    rows = [json.loads(line) for line in (tmp_path / "r/metrics.jsonl").read_text().splitlines()]
-    hs = [r for r in rows if r["kind"] == "hellaswag"]
-    assert [r["step"] for r in hs] == [0, 4, 6] and all(r["n"] == 8 for r in hs)
-    assert all(0 <= r["acc_norm"] <= 1 and r["acc_norm"] * 8 == round(r["acc_norm"] * 8) for r in hs)
-    lines = [x for x in (tmp_path / "r/log.txt").read_text().splitlines() if " hellaswag " in x]
-    assert lines == [f"{r['step']} hellaswag {r['acc_norm']:.4f}" for r in hs]
-
-
-def test_hellaswag_during_training_is_skipped_with_a_note_on_char_data(char_data, tmp_path, hellaswag_path, capsys):
-    """A character vocabulary cannot encode HellaSwag (build-nanogpt's --eval_freq asks for it on any dataset):
-    the run trains and says why no HellaSwag figures come."""
-    from conftest import tiny_train_args
-    from gptforge.config import load_config
-    from gptforge.train import train
-
-    train(load_config(tiny_train_args(char_data, tmp_path / "r", max_iters=4, hellaswag_interval=2,
-                                      hellaswag_path=hellaswag_path)))
-    assert "hellaswag_interval=2 ignored: HellaSwag needs GPT-2 BPE tokens and dataset 'tiny' is char-level" in (
-        capsys.readouterr().out)
-    kinds = {json.loads(line)["kind"] for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()}
-    assert "hellaswag" not in kinds and "train" in kinds
-    assert json.loads((tmp_path / "r" / "config.json").read_text())["hellaswag_interval"] == 0

@@ -82,10 +82,17 @@ def test_parameter_count_matches_formula():
 
 def test_names_follow_gpt2():
     names = set(tiny().state_dict())
-    for key in ["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
-                "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.bias",
-                "transformer.h.1.mlp.c_fc.weight", "transformer.h.1.mlp.c_proj.weight", "transformer.ln_f.bias",
-                "lm_head.weight"]:
+    for key in [
+        "transformer.wte.weight",
+        "transformer.wpe.weight",
+        "transformer.h.0.ln_1.weight",
+        "transformer.h.0.attn.c_attn.weight",
+        "transformer.h.0.attn.c_proj.bias",
+        "transformer.h.1.mlp.c_fc.weight",
+        "transformer.h.1.mlp.c_proj.weight",
+        "transformer.ln_f.bias",
+        "lm_head.weight",
+    ]:
         assert key in names
 
 
@@ -190,8 +197,10 @@ def test_cached_and_uncached_generation_give_identical_tokens(prompt_len, new):
     idx = torch.randint(0, 37, (3, prompt_len))
     greedy = [model.generate(idx, new, temperature=0, use_cache=c) for c in (True, False)]
     assert torch.equal(greedy[0], greedy[1])
-    seeded = [model.generate(idx, new, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(5),
-                             use_cache=c) for c in (True, False)]
+    seeded = [
+        model.generate(idx, new, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(5), use_cache=c)
+        for c in (True, False)
+    ]
     assert torch.equal(seeded[0], seeded[1])
     assert seeded[0].shape == (3, prompt_len + new)
 

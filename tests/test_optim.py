@@ -11,17 +11,20 @@ from gptforge.optim import configure_optimizer, get_lr
 SCHED = dict(learning_rate=1e-3, warmup_iters=100, lr_decay_iters=2000, min_lr=1e-4)
 
 
-@pytest.mark.parametrize("it, expected", [
-    (0, 1e-3 * 1 / 101),  # warmup starts above zero
-    (49, 1e-3 * 50 / 101),
-    (99, 1e-3 * 100 / 101),  # last warmup step
-    (100, 1e-3),  # cosine starts at the peak
-    (575, 1e-4 + 0.5 * (1 + 0.7071067811865476) * 9e-4),  # a quarter of the way: cos(pi / 4)
-    (1050, 5.5e-4),  # half way: the mean of peak and floor
-    (2000, 1e-4),
-    (2001, 1e-4),
-    (10**6, 1e-4),
-])
+@pytest.mark.parametrize(
+    "it, expected",
+    [
+        (0, 1e-3 * 1 / 101),  # warmup starts above zero
+        (49, 1e-3 * 50 / 101),
+        (99, 1e-3 * 100 / 101),  # last warmup step
+        (100, 1e-3),  # cosine starts at the peak
+        (575, 1e-4 + 0.5 * (1 + 0.7071067811865476) * 9e-4),  # a quarter of the way: cos(pi / 4)
+        (1050, 5.5e-4),  # half way: the mean of peak and floor
+        (2000, 1e-4),
+        (2001, 1e-4),
+        (10**6, 1e-4),
+    ],
+)
 def test_schedule_hand_computed(it, expected):
     assert get_lr(it, **SCHED) == pytest.approx(expected, rel=1e-12)
 
@@ -37,34 +40,40 @@ def test_schedule_is_monotonic_and_constant_without_decay():
 
 
 # peak 1e-3, floor 1e-4, 100 warmup steps, decay ends at step 2000; wsd decays over the last 20% (1600 -> 2000)
-@pytest.mark.parametrize("schedule, it, expected", [
-    *[(s, 0, 1e-3 / 101) for s in ("cosine", "linear", "constant", "wsd")],  # every schedule warms up alike
-    *[(s, 99, 1e-3 * 100 / 101) for s in ("cosine", "linear", "constant", "wsd")],  # end of warmup
-    *[(s, 100, 1e-3) for s in ("cosine", "linear", "constant", "wsd")],  # the peak, where a decay starts
-    ("linear", 575, 1e-3 - 0.25 * 9e-4),  # a quarter of the way down: 7.75e-4
-    ("linear", 1050, 5.5e-4),  # half way
-    ("linear", 1999, 1e-4 + 9e-4 / 1900),  # one step before the end
-    ("constant", 1999, 1e-3),
-    ("wsd", 1599, 1e-3),  # still stable
-    ("wsd", 1600, 1e-3),  # the decay starts at the peak
-    ("wsd", 1700, 1e-3 - 0.25 * 9e-4),
-    ("wsd", 1800, 5.5e-4),
-    ("wsd", 1999, 1e-4 + 9e-4 / 400),
-    *[(s, 2000, 1e-4) for s in ("cosine", "linear", "wsd")],  # the end of the decay: min_lr
-    *[(s, 5000, 1e-4) for s in ("cosine", "linear", "wsd")],  # and beyond it
-    ("constant", 2000, 1e-3),
-    ("constant", 5000, 1e-3),  # constant never uses min_lr
-])
+@pytest.mark.parametrize(
+    "schedule, it, expected",
+    [
+        *[(s, 0, 1e-3 / 101) for s in ("cosine", "linear", "constant", "wsd")],  # every schedule warms up alike
+        *[(s, 99, 1e-3 * 100 / 101) for s in ("cosine", "linear", "constant", "wsd")],  # end of warmup
+        *[(s, 100, 1e-3) for s in ("cosine", "linear", "constant", "wsd")],  # the peak, where a decay starts
+        ("linear", 575, 1e-3 - 0.25 * 9e-4),  # a quarter of the way down: 7.75e-4
+        ("linear", 1050, 5.5e-4),  # half way
+        ("linear", 1999, 1e-4 + 9e-4 / 1900),  # one step before the end
+        ("constant", 1999, 1e-3),
+        ("wsd", 1599, 1e-3),  # still stable
+        ("wsd", 1600, 1e-3),  # the decay starts at the peak
+        ("wsd", 1700, 1e-3 - 0.25 * 9e-4),
+        ("wsd", 1800, 5.5e-4),
+        ("wsd", 1999, 1e-4 + 9e-4 / 400),
+        *[(s, 2000, 1e-4) for s in ("cosine", "linear", "wsd")],  # the end of the decay: min_lr
+        *[(s, 5000, 1e-4) for s in ("cosine", "linear", "wsd")],  # and beyond it
+        ("constant", 2000, 1e-3),
+        ("constant", 5000, 1e-3),  # constant never uses min_lr
+    ],
+)
 def test_schedules_hand_computed(schedule, it, expected):
     assert get_lr(it, **SCHED, schedule=schedule) == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("it, frac0, frac1", [
-    (100, 1e-3, 1e-3),  # decay_frac 1: wsd is linear from the end of warmup
-    (1050, 1e-3, 5.5e-4),
-    (1999, 1e-3, 1e-4 + 9e-4 / 1900),  # decay_frac 0: stable up to the last step before lr_decay_iters...
-    (2000, 1e-4, 1e-4),  # ...then min_lr
-])
+@pytest.mark.parametrize(
+    "it, frac0, frac1",
+    [
+        (100, 1e-3, 1e-3),  # decay_frac 1: wsd is linear from the end of warmup
+        (1050, 1e-3, 5.5e-4),
+        (1999, 1e-3, 1e-4 + 9e-4 / 1900),  # decay_frac 0: stable up to the last step before lr_decay_iters...
+        (2000, 1e-4, 1e-4),  # ...then min_lr
+    ],
+)
 def test_wsd_decay_frac_zero_and_one(it, frac0, frac1):
     assert get_lr(it, **SCHED, schedule="wsd", decay_frac=0.0) == pytest.approx(frac0, rel=1e-12)
     assert get_lr(it, **SCHED, schedule="wsd", decay_frac=1.0) == pytest.approx(frac1, rel=1e-12)

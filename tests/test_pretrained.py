@@ -13,9 +13,11 @@ import transformers  # the [hf] extra; the [test] extra installs it
 
 from conftest import SHARED, need_shared, run_cli
 from gptforge.checkpoint import save_checkpoint
+from gptforge.config import GPT2_NAMES
 from gptforge.errors import UserError
+from gptforge.export import export_hf
 from gptforge.model import GPT, GPTConfig
-from gptforge.pretrained import HUB_NAMES, export_hf, load_pretrained
+from gptforge.pretrained import load_pretrained
 
 TOL = 1e-5
 BPE_DIR = SHARED / "gpt2-tokenizer"
@@ -107,8 +109,11 @@ def test_broken_folders_are_user_errors_naming_the_folder(hf_source, tmp_path):
         load_pretrained(str(tmp_path))
     (tmp_path / "model.safetensors").symlink_to(folder / "model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps({**config, "n_embd": 64}))
-    with pytest.raises(UserError, match=rf"{tmp_path} does not hold GPT-2 weights matching its config.json: .*"
-                                        r"has shape \(96, 32\), config.json implies \(96, 64\)"):
+    with pytest.raises(
+        UserError,
+        match=rf"{tmp_path} does not hold GPT-2 weights matching its config.json: .*"
+        r"has shape \(96, 32\), config.json implies \(96, 64\)",
+    ):
         load_pretrained(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**config, "n_layer": 3}))
     with pytest.raises(UserError, match="missing h.2.ln_1.weight"):
@@ -124,15 +129,18 @@ def test_hub_names_offline_unknown_and_without_transformers(hf_source, monkeypat
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # constants are read at import: patch the imported module too
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(UserError, match=r"cannot download gpt2 from the Hugging Face hub .* Offline\? "
-                                        r"Pass --init_from=/path/to/folder holding config.json and model.safetensors"):
+    with pytest.raises(
+        UserError,
+        match=r"cannot download gpt2 from the Hugging Face hub .* Offline\? "
+        r"Pass --init_from=/path/to/folder holding config.json and model.safetensors",
+    ):
         load_pretrained("gpt2")
     with pytest.raises(UserError, match=r"'gpt-5' is not a folder nor a GPT-2 name: use one of gpt2, .*gpt2-xl"):
         load_pretrained("gpt-5")
     with pytest.raises(UserError, match="folder ./missing-folder does not exist.*--init_from=/path/to/folder"):
         load_pretrained("./missing-folder")
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if `pip install gptforge` without [hf]
-    for name in HUB_NAMES:
+    for name in GPT2_NAMES:
         with pytest.raises(UserError, match=r"needs transformers: pip install 'gptforge\[hf\]'; or pass --init_from="):
             load_pretrained(name)
     _, folder = hf_source
@@ -141,8 +149,9 @@ def test_hub_names_offline_unknown_and_without_transformers(hf_source, monkeypat
 
 def tiny_gpt(bias: bool, vocab_size: int = 50304, seed: int = 5) -> GPT:
     torch.manual_seed(seed)
-    return randomize_(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=vocab_size,
-                                    bias=bias)), seed)
+    return randomize_(
+        GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=vocab_size, bias=bias)), seed
+    )
 
 
 def load_hf(folder):
@@ -224,8 +233,17 @@ def test_export_char_model_has_no_tokenizer_and_force_rules(tmp_path):
 def save_run(out_dir, model: GPT, tokenizer: dict) -> None:
     out_dir.mkdir(parents=True)
     args = {k: getattr(model.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")}
-    save_checkpoint(str(out_dir / "ckpt.pt"), {"model": model.state_dict(), "model_args": args, "iter_num": 3,
-                                               "best_val_loss": 9.0, "config": {}, "tokenizer": tokenizer})
+    save_checkpoint(
+        str(out_dir / "ckpt.pt"),
+        {
+            "model": model.state_dict(),
+            "model_args": args,
+            "iter_num": 3,
+            "best_val_loss": 9.0,
+            "config": {},
+            "tokenizer": tokenizer,
+        },
+    )
 
 
 def test_cli_export(tmp_path, tiktoken_cache):
@@ -264,19 +282,33 @@ def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path
     from gptforge.train import train
 
     torch.manual_seed(0)
-    hf = randomize_(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32,
-                                                                         n_positions=64, vocab_size=50257)), seed=2)
+    hf = randomize_(
+        transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50257)
+        ),
+        seed=2,
+    )
     folder = tmp_path / "hf"
     hf.save_pretrained(folder)
     text = tmp_path / "t.txt"
     text.write_text("To be, or not to be, that is the question. " * 60)
     prepare("text", data_dir=str(tmp_path / "data"), files=[str(text)], name="bpe", tokenizer="gpt2")
-    common = dict(dataset="bpe", init_from=str(folder), block_size=32, n_layer=None, n_head=None, n_embd=None,
-                  max_iters=4, eval_interval=2, learning_rate=1e-3)
+    common = dict(
+        dataset="bpe",
+        init_from=str(folder),
+        block_size=32,
+        n_layer=None,
+        n_head=None,
+        n_embd=None,
+        max_iters=4,
+        eval_interval=2,
+        learning_rate=1e-3,
+    )
     first = train(load_config(tiny_train_args(tmp_path / "data", tmp_path / "ft", **common)))
     ckpt = load_checkpoint(str(tmp_path / "ft/ckpt.pt"))
-    assert ckpt["iter_num"] == 4 and ckpt["model_args"] == dict(n_layer=2, n_head=2, n_embd=32, block_size=32,
-                                                                  bias=True, vocab_size=50257)
+    assert ckpt["iter_num"] == 4 and ckpt["model_args"] == dict(
+        n_layer=2, n_head=2, n_embd=32, block_size=32, bias=True, vocab_size=50257
+    )
     config = json.loads((tmp_path / "ft/config.json").read_text())
     assert (config["n_embd"], config["bias"], config["init_from"]) == (32, True, str(folder))
     step0 = [json.loads(x) for x in (tmp_path / "ft/metrics.jsonl").read_text().splitlines()][0]
@@ -286,15 +318,28 @@ def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path
     train(load_config(tiny_train_args(tmp_path / "data", tmp_path / "ft", **resumed)))
     assert load_checkpoint(str(tmp_path / "ft/ckpt.pt"))["iter_num"] == 6
 
-    r = run_cli("sample", f"--init_from={folder}", "--start=To be", "--num_samples=1", "--max_new_tokens=5",
-                "--temperature=0", cwd=tmp_path)
+    r = run_cli(
+        "sample",
+        f"--init_from={folder}",
+        "--start=To be",
+        "--num_samples=1",
+        "--max_new_tokens=5",
+        "--temperature=0",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("To be") and r.stdout.endswith("---------------\n")
-    r = run_cli("eval", "hellaswag", f"--init_from={folder}", "--limit=8", f"--hellaswag_path={hellaswag_path}",
-                cwd=tmp_path)
+    r = run_cli(
+        "eval", "hellaswag", f"--init_from={folder}", "--limit=8", f"--hellaswag_path={hellaswag_path}", cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("hellaswag: 8 examples, acc ")  # HellaSwag straight from a Hugging Face folder
-    r = run_cli("train", *tiny_train_args("data", "x", dataset="bpe", init_from="gpt2", block_size=32,
-                                          n_layer=None, n_head=None, n_embd=None),
-                cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+    r = run_cli(
+        "train",
+        *tiny_train_args(
+            "data", "x", dataset="bpe", init_from="gpt2", block_size=32, n_layer=None, n_head=None, n_embd=None
+        ),
+        cwd=tmp_path,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     assert r.returncode == 2 and "--init_from" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -61,7 +61,10 @@ def test_step_checkpoints_best_and_rotation(char_data, tmp_path):
     every = tmp_path / "all"
     run(char_data, every, max_iters=12, eval_interval=100, ckpt_interval=4)  # keep_last=0 keeps them all
     assert sorted(n for n in os.listdir(every) if n.startswith("model_")) == [
-        "model_00004.pt", "model_00008.pt", "model_00011.pt"]
+        "model_00004.pt",
+        "model_00008.pt",
+        "model_00011.pt",
+    ]
 
 
 def test_resume_falls_back_to_the_newest_readable_checkpoint(char_data, tmp_path):
@@ -144,8 +147,12 @@ def test_diverging_run_stops_after_max_bad_steps_with_the_last_checkpoint_intact
     out = tmp_path / "run"
     run(char_data, out, max_iters=10, eval_interval=5)
     before = digest(out)
-    r = run_cli("train", *tiny_train_args(char_data, out, max_iters=40, eval_interval=5, init_from="resume",
-                                          learning_rate=1e30, max_bad_steps=3))
+    r = run_cli(
+        "train",
+        *tiny_train_args(
+            char_data, out, max_iters=40, eval_interval=5, init_from="resume", learning_rate=1e30, max_bad_steps=3
+        ),
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "not finite 3 steps in a row (--max_bad_steps=3)" in r.stderr and "intact" in r.stderr
     skips = records(out, "skip")
@@ -159,6 +166,7 @@ def _file_size_limit(limit: int):
     def apply():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 
@@ -170,9 +178,17 @@ def test_disk_full_during_a_checkpoint_write_keeps_the_previous_one(char_data, t
     assert os.path.getsize(out / "ckpt.pt") > 100_000
     before = digest(out)
     r = subprocess.run(
-        [sys.executable, "-m", "gptforge", "train",
-         *tiny_train_args(char_data, out, max_iters=20, eval_interval=5, init_from="resume")],
-        capture_output=True, text=True, timeout=300, preexec_fn=_file_size_limit(100_000),
+        [
+            sys.executable,
+            "-m",
+            "gptforge",
+            "train",
+            *tiny_train_args(char_data, out, max_iters=20, eval_interval=5, init_from="resume"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_file_size_limit(100_000),
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"cannot write checkpoint {out / 'ckpt.pt'}: File too large; the previous checkpoint is intact" in r.stderr

@@ -24,8 +24,9 @@ def shards(tmp_path):
 
 
 def make(files, rank=0, world=1, micro=1, seed=7):
-    return ShardedBatches(files, B, T, vocab_size=1000, device="cpu", micro_per_rank=micro, rank=rank,
-                          world_size=world, seed=seed)
+    return ShardedBatches(
+        files, B, T, vocab_size=1000, device="cpu", micro_per_rank=micro, rank=rank, world_size=world, seed=seed
+    )
 
 
 def first_tokens(x: torch.Tensor) -> list[int]:
@@ -120,13 +121,27 @@ def test_train_on_prepared_shards_picks_the_sharded_loader(tmp_path, tiktoken_ca
     from gptforge.train import train
 
     sample = need_shared(SHARED / "webtext-sample" / "cc_en_head-0091.jsonl")
-    r = run_cli("prepare", "files", sample, "--name", "web", "--data_dir", tmp_path / "data", "--shard_size", "4000",
-                "--val_tokens", "300", "--num_proc", "1")
+    r = run_cli(
+        "prepare",
+        "files",
+        sample,
+        "--name",
+        "web",
+        "--data_dir",
+        tmp_path / "data",
+        "--shard_size",
+        "4000",
+        "--val_tokens",
+        "300",
+        "--num_proc",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     meta = json.loads((tmp_path / "data/web/meta.json").read_text())
     assert meta["format"] == "shards" and len(meta["shards"]["train"]) >= 2
-    result = train(load_config(tiny_train_args(tmp_path / "data", tmp_path / "r", dataset="web", max_iters=6,
-                                               eval_interval=6)))
+    result = train(
+        load_config(tiny_train_args(tmp_path / "data", tmp_path / "r", dataset="web", max_iters=6, eval_interval=6))
+    )
     config = json.loads((tmp_path / "r/config.json").read_text())
     assert config["data_loader"] == "sharded" and result["iter_num"] == 6
     rows = [json.loads(x) for x in (tmp_path / "r/metrics.jsonl").read_text().splitlines()]

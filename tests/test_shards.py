@@ -22,7 +22,7 @@ import pytest
 
 from conftest import SHARED, need_shared, run_cli
 from gptforge.data.loader import read_meta
-from gptforge.data.shards import FAULT_ENV, prepare_shards
+from gptforge.data.shards import prepare_shards
 from gptforge.errors import UserError
 from gptforge.tokenizer import GPT2Tokenizer
 
@@ -65,10 +65,29 @@ def check_dataset(folder: Path, docs: list[str]) -> dict:
 
 
 def test_jsonl_and_gzip_through_the_cli(webtext, tmp_path):
-    files = [webtext / n for n in ("cc_en_head-0091.jsonl", "cc_en_head-0174.jsonl.gz",
-                                   "cc_en_head-0174.jsonl", "cc_en_head-0091.jsonl.gz")]
-    r = run_cli("prepare", "files", *files, "--name", "web", "--shard_size", "10000", "--val_tokens", "5000",
-                "--num_proc", "2", cwd=tmp_path)
+    files = [
+        webtext / n
+        for n in (
+            "cc_en_head-0091.jsonl",
+            "cc_en_head-0174.jsonl.gz",
+            "cc_en_head-0174.jsonl",
+            "cc_en_head-0091.jsonl.gz",
+        )
+    ]
+    r = run_cli(
+        "prepare",
+        "files",
+        *files,
+        "--name",
+        "web",
+        "--shard_size",
+        "10000",
+        "--val_tokens",
+        "5000",
+        "--num_proc",
+        "2",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     docs = [d for f in files for d in jsonl_texts(f)]
     assert len(docs) == 40
@@ -85,8 +104,16 @@ def test_parquet_txt_and_folders(tmp_path):
     (corpus / "b.txt").write_text("A whole file is one document.\n\nEven with blank lines. ✓", encoding="utf-8")
     (corpus / "sub" / "c.txt").write_text("Nested " * 50, encoding="utf-8")
     (corpus / "notes.md").write_text("ignored: not a supported extension")
-    prepare_shards("files", data_dir=str(tmp_path / "data"), paths=[str(corpus)], name="mix", text_field="content",
-                   shard_size=500, val_tokens=300, num_proc=1)
+    prepare_shards(
+        "files",
+        data_dir=str(tmp_path / "data"),
+        paths=[str(corpus)],
+        name="mix",
+        text_field="content",
+        shard_size=500,
+        val_tokens=300,
+        num_proc=1,
+    )
     docs = [*rows, (corpus / "b.txt").read_text(), (corpus / "sub" / "c.txt").read_text()]
     meta = check_dataset(tmp_path / "data" / "mix", docs)
     assert len(meta["shards"]["train"]) > 3
@@ -96,25 +123,78 @@ def shard_files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != ".prepare_state.json"}
 
 
+# The real CLI in a subprocess, except that the shard writer's atomic_write writes half of shard number N (counting
+# val and train shards from 0) into the real temporary file and then SIGKILLs the process: a crash mid-shard.
+KILL_MID_SHARD = """
+import contextlib, os, signal, sys
+import gptforge.data.shards as shards
+from gptforge.cli import main
+
+real_atomic_write = shards.atomic_write
+fatal, seen = int(sys.argv[1]), 0
+
+
+class HalfThenKill:
+    def __init__(self, fh):
+        self.fh = fh
+
+    def write(self, data):
+        self.fh.write(data[: len(data) // 2])
+        self.fh.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def atomic_write(path, *args, **kwargs):
+    global seen
+    with real_atomic_write(path, *args, **kwargs) as fh:
+        if path.endswith(".bin"):
+            seen += 1
+            if seen - 1 == fatal:
+                fh = HalfThenKill(fh)
+        yield fh
+
+
+shards.atomic_write = atomic_write
+main(sys.argv[2:])
+"""
+
+
+def run_cli_killed_mid_shard(n: int, *args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """conftest.run_cli's `gptforge ARGS`, SIGKILLed halfway through writing shard number n; also the pid."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_MID_SHARD, str(n), *map(str, args)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    stdout, stderr = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), proc.pid
+
+
 def test_crash_mid_shard_then_resume_is_byte_identical(webtext, tmp_path):
     files = [str(webtext / "cc_en_head-0091.jsonl"), str(webtext / "cc_en_head-0174.jsonl.gz")]
     opts = ["--name", "web", "--shard_size", "2000", "--val_tokens", "3000", "--num_proc", "2"]
     reference = tmp_path / "ref"
-    prepare_shards("files", data_dir=str(reference), paths=files, name="web", shard_size=2000, val_tokens=3000,
-                   num_proc=1)
+    prepare_shards(
+        "files", data_dir=str(reference), paths=files, name="web", shard_size=2000, val_tokens=3000, num_proc=1
+    )
     expected = shard_files(reference / "web")
     n_val = len(read_meta(str(reference / "web"))["shards"]["val"])
 
     # SIGKILL halfway through writing train's 4th shard
-    r = run_cli("prepare", "files", *files, *opts, cwd=tmp_path, env={FAULT_ENV: str(n_val + 3)})
+    r, pid = run_cli_killed_mid_shard(n_val + 3, "prepare", "files", *files, *opts, cwd=tmp_path)
     assert r.returncode == -signal.SIGKILL, r.stderr
     folder = tmp_path / "data" / "web"
     left = sorted(p.name for p in folder.iterdir())
-    assert "meta.json" not in left and "web_train_000003.bin.tmp" in left and "web_train_000003.bin" not in left
+    partial = f".web_train_000003.bin.{pid}.tmp"  # files.temp_path
+    assert "meta.json" not in left and partial in left and "web_train_000003.bin" not in left
     for name in left:
         if name.endswith(".bin"):  # whatever has a final name is whole
             assert (folder / name).read_bytes() == expected[name], name
-    assert os.path.getsize(folder / "web_train_000003.bin.tmp") < 4000
+    assert os.path.getsize(folder / partial) < 4000
     first = (folder / "web_val_000000.bin").stat().st_ino
 
     r = run_cli("prepare", "files", *files, *opts, cwd=tmp_path)
@@ -134,8 +214,19 @@ def test_crash_mid_shard_then_resume_is_byte_identical(webtext, tmp_path):
 
 def test_sigkill_from_outside_then_resume(webtext, tmp_path):
     files = [str(webtext / "cc_en_head-0091.jsonl")] * 3
-    args = ["prepare", "files", *files, "--name", "web", "--shard_size", "500", "--val_tokens", "2000",
-            "--num_proc", "2"]
+    args = [
+        "prepare",
+        "files",
+        *files,
+        "--name",
+        "web",
+        "--shard_size",
+        "500",
+        "--val_tokens",
+        "2000",
+        "--num_proc",
+        "2",
+    ]
     proc = subprocess.Popen([sys.executable, "-m", "gptforge", *args], cwd=tmp_path, stderr=subprocess.DEVNULL)
     folder = tmp_path / "data" / "web"
     deadline = time.monotonic() + 60
@@ -148,8 +239,9 @@ def test_sigkill_from_outside_then_resume(webtext, tmp_path):
     r = run_cli(*args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "starting over" not in r.stderr  # the state left by the kill is valid: kept shards are reused
-    prepare_shards("files", data_dir=str(tmp_path / "ref"), paths=files, name="web", shard_size=500,
-                   val_tokens=2000, num_proc=1)
+    prepare_shards(
+        "files", data_dir=str(tmp_path / "ref"), paths=files, name="web", shard_size=500, val_tokens=2000, num_proc=1
+    )
     assert shard_files(folder) == shard_files(tmp_path / "ref" / "web")
 
 
@@ -161,8 +253,20 @@ def hub_docs() -> list[str]:
 def test_openwebtext_from_a_saved_dataset(tmp_path, tiktoken_cache, hub_docs):
     saved = tmp_path / "owt"
     datasets.Dataset.from_dict({"text": hub_docs, "n": list(range(len(hub_docs)))}).save_to_disk(str(saved))
-    r = run_cli("prepare", "openwebtext", "--input", saved, "--shard_size", "1000", "--val_tokens", "500",
-                "--num_proc", "2", cwd=tmp_path, env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    r = run_cli(
+        "prepare",
+        "openwebtext",
+        "--input",
+        saved,
+        "--shard_size",
+        "1000",
+        "--val_tokens",
+        "500",
+        "--num_proc",
+        "2",
+        cwd=tmp_path,
+        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+    )
     assert r.returncode == 0, r.stderr
     meta = check_dataset(tmp_path / "data" / "openwebtext", hub_docs)
     assert meta["source"] == f"openwebtext from {saved}"
@@ -171,13 +275,25 @@ def test_openwebtext_from_a_saved_dataset(tmp_path, tiktoken_cache, hub_docs):
 def test_fineweb_edu_from_a_saved_datasetdict_and_from_files(tmp_path, tiktoken_cache, hub_docs):
     saved = tmp_path / "fw"
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": hub_docs})}).save_to_disk(str(saved))
-    prepare_shards("fineweb_edu", data_dir=str(tmp_path / "data"), input_path=str(saved), shard_size=700,
-                   val_tokens=400, num_proc=1)
+    prepare_shards(
+        "fineweb_edu",
+        data_dir=str(tmp_path / "data"),
+        input_path=str(saved),
+        shard_size=700,
+        val_tokens=400,
+        num_proc=1,
+    )
     check_dataset(tmp_path / "data" / "fineweb_edu", hub_docs)
     jsonl = tmp_path / "fw.jsonl"
     jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in hub_docs), encoding="utf-8")
-    prepare_shards("fineweb_edu", data_dir=str(tmp_path / "data2"), input_path=str(jsonl), shard_size=700,
-                   val_tokens=400, num_proc=1)
+    prepare_shards(
+        "fineweb_edu",
+        data_dir=str(tmp_path / "data2"),
+        input_path=str(jsonl),
+        shard_size=700,
+        val_tokens=400,
+        num_proc=1,
+    )
     from_files, from_disk = (shard_files(tmp_path / d / "fineweb_edu") for d in ("data2", "data"))
     assert json.loads(from_files.pop("meta.json"))["source"] == f"fineweb_edu from {jsonl}"
     assert from_files == {k: v for k, v in from_disk.items() if k != "meta.json"}
@@ -201,22 +317,30 @@ def write(path: Path, data: bytes | str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("name, data, extra, message", [
-    ("a.csv", "text\nhello\n", {}, "a.csv: unsupported file type"),
-    ("a.jsonl", '{"content": "hi"}\n', {}, "a.jsonl:1: no string field 'text' (found: content); choose the field "
-     "with --text_field"),
-    ("a.jsonl", '{"text": "ok"}\nnot json\n', {}, "a.jsonl:2: not a JSON object per line"),
-    ("a.jsonl.gz", b"not gzip at all", {}, "a.jsonl.gz: not a whole gzip file"),
-    ("a.parquet", b"PAR1 but not really", {}, "a.parquet: not a readable parquet file"),
-    ("a.txt", b"\xff\xfe bad utf-8", {}, "a.txt: not UTF-8 text"),
-    ("a.jsonl", '{"text": "short"}\n', {"val_tokens": 10**6}, "went to the val split; lower --val_tokens"),
-    ("a.jsonl", '{"text": "short"}\n', {"shard_size": 0}, "--shard_size must be a positive"),
-])
+@pytest.mark.parametrize(
+    "name, data, extra, message",
+    [
+        ("a.csv", "text\nhello\n", {}, "a.csv: unsupported file type"),
+        (
+            "a.jsonl",
+            '{"content": "hi"}\n',
+            {},
+            "a.jsonl:1: no string field 'text' (found: content); choose the field with --text_field",
+        ),
+        ("a.jsonl", '{"text": "ok"}\nnot json\n', {}, "a.jsonl:2: not a JSON object per line"),
+        ("a.jsonl.gz", b"not gzip at all", {}, "a.jsonl.gz: not a whole gzip file"),
+        ("a.parquet", b"PAR1 but not really", {}, "a.parquet: not a readable parquet file"),
+        ("a.txt", b"\xff\xfe bad utf-8", {}, "a.txt: not UTF-8 text"),
+        ("a.jsonl", '{"text": "short"}\n', {"val_tokens": 10**6}, "went to the val split; lower --val_tokens"),
+        ("a.jsonl", '{"text": "short"}\n', {"shard_size": 0}, "--shard_size must be a positive"),
+    ],
+)
 def test_bad_inputs_name_the_file_or_flag(tmp_path, tiktoken_cache, name, data, extra, message):
     path = write(tmp_path / name, data)
     with pytest.raises(UserError) as err:
-        prepare_shards("files", data_dir=str(tmp_path / "data"), paths=[path], name="x", num_proc=1,
-                       **{"val_tokens": 1, **extra})
+        prepare_shards(
+            "files", data_dir=str(tmp_path / "data"), paths=[path], name="x", num_proc=1, **{"val_tokens": 1, **extra}
+        )
     assert message in str(err.value)
     assert not (tmp_path / "data" / "x" / "meta.json").exists()
 

@@ -18,10 +18,19 @@ def wandb_env(folder) -> dict[str, str]:
 
 def test_samples_during_training_leave_training_untouched(char_data, tmp_path):
     plain = run(char_data, tmp_path / "plain", max_iters=10, dropout=0.1)
-    sampled = run(char_data, tmp_path / "sampled", max_iters=10, dropout=0.1, sample_interval=4, num_samples=3,
-                  sample_tokens=12, sample_prompt="All:")
-    assert [r["loss"] for r in records(tmp_path / "plain", "train")] == \
-        [r["loss"] for r in records(tmp_path / "sampled", "train")]
+    sampled = run(
+        char_data,
+        tmp_path / "sampled",
+        max_iters=10,
+        dropout=0.1,
+        sample_interval=4,
+        num_samples=3,
+        sample_tokens=12,
+        sample_prompt="All:",
+    )
+    assert [r["loss"] for r in records(tmp_path / "plain", "train")] == [
+        r["loss"] for r in records(tmp_path / "sampled", "train")
+    ]
     assert plain["losses"] == sampled["losses"]
     rows = [json.loads(line) for line in (tmp_path / "sampled/samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [4, 8, 10]  # every sample_interval and at the last step
@@ -29,12 +38,22 @@ def test_samples_during_training_leave_training_untouched(char_data, tmp_path):
         assert r["prompt"] == "All:" and len(r["samples"]) == 3
         assert all(s.startswith("All:") and len(s) == len("All:") + 12 for s in r["samples"])
     # seeded 42 + rank: the same run samples the same text
-    run(char_data, tmp_path / "again", max_iters=10, dropout=0.1, sample_interval=4, num_samples=3,
-        sample_tokens=12, sample_prompt="All:")
-    assert (tmp_path / "again/samples.jsonl").read_text().count("All:") == \
-        (tmp_path / "sampled/samples.jsonl").read_text().count("All:")
-    assert [json.loads(x)["samples"] for x in (tmp_path / "again/samples.jsonl").read_text().splitlines()] == \
-        [r["samples"] for r in rows]
+    run(
+        char_data,
+        tmp_path / "again",
+        max_iters=10,
+        dropout=0.1,
+        sample_interval=4,
+        num_samples=3,
+        sample_tokens=12,
+        sample_prompt="All:",
+    )
+    assert (tmp_path / "again/samples.jsonl").read_text().count("All:") == (
+        tmp_path / "sampled/samples.jsonl"
+    ).read_text().count("All:")
+    assert [json.loads(x)["samples"] for x in (tmp_path / "again/samples.jsonl").read_text().splitlines()] == [
+        r["samples"] for r in rows
+    ]
 
 
 def test_sample_prompt_outside_the_vocabulary_is_a_user_error(char_data, tmp_path):
@@ -87,8 +106,19 @@ def wandb_log_records(path: str) -> list[bytes]:
 def test_wandb_offline_run_holds_the_logged_metrics(char_data, tmp_path):
     pytest.importorskip("wandb")
     # a process of its own: wandb keeps per-process state (its service, settings) that outlives a run
-    r = run_cli("train", *tiny_train_args(char_data, tmp_path / "r", max_iters=4, eval_interval=2, wandb_log=True,
-                                          wandb_project="p", wandb_run_name="tiny"), env=wandb_env(tmp_path))
+    r = run_cli(
+        "train",
+        *tiny_train_args(
+            char_data,
+            tmp_path / "r",
+            max_iters=4,
+            eval_interval=2,
+            wandb_log=True,
+            wandb_project="p",
+            wandb_run_name="tiny",
+        ),
+        env=wandb_env(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     files = glob.glob(str(tmp_path / "wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, os.listdir(tmp_path)
@@ -99,12 +129,14 @@ def test_wandb_offline_run_holds_the_logged_metrics(char_data, tmp_path):
         rec = wandb_internal_pb2.Record()
         rec.ParseFromString(data)
         if rec.WhichOneof("record_type") == "history":
-            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                            for item in rec.history.item})
+            history.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item}
+            )
     losses = [h["train/loss"] for h in history if "train/loss" in h]
     assert losses == pytest.approx([r["loss"] for r in records(tmp_path / "r", "train")], rel=1e-6)
     assert [h["eval/val_loss"] for h in history if "eval/val_loss" in h] == pytest.approx(
-        [r["val_loss"] for r in records(tmp_path / "r", "eval")], rel=1e-6)
+        [r["val_loss"] for r in records(tmp_path / "r", "eval")], rel=1e-6
+    )
 
 
 def test_train_with_dashboard_serves_its_run(char_data, tmp_path):
@@ -118,10 +150,18 @@ def test_train_with_dashboard_serves_its_run(char_data, tmp_path):
 
     from conftest import tiny_train_args
 
-    args = tiny_train_args(char_data, tmp_path / "r", max_iters=100000, lr_decay_iters=100000, eval_interval=50,
-                           dashboard=True, dashboard_port=0)
-    proc = subprocess.Popen([sys.executable, "-m", "gptforge", "train", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    args = tiny_train_args(
+        char_data,
+        tmp_path / "r",
+        max_iters=100000,
+        lr_decay_iters=100000,
+        eval_interval=50,
+        dashboard=True,
+        dashboard_port=0,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptforge", "train", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         url = None
         deadline = time.time() + 60
@@ -143,15 +183,17 @@ def test_resumed_run_continues_the_same_wandb_run(char_data, tmp_path):
     """The wandb run id travels in the checkpoint: a resume logs into the same run, not a new one."""
     pytest.importorskip("wandb")
     common = dict(max_iters=6, lr_decay_iters=6, eval_interval=3, wandb_log=True, wandb_project="p")
-    r = run_cli("train", *tiny_train_args(char_data, tmp_path / "r", **{**common, "max_iters": 3}),
-                env=wandb_env(tmp_path))
+    r = run_cli(
+        "train", *tiny_train_args(char_data, tmp_path / "r", **{**common, "max_iters": 3}), env=wandb_env(tmp_path)
+    )
     assert r.returncode == 0, r.stderr
     from gptforge.checkpoint import load_checkpoint
 
     run_id = load_checkpoint(str(tmp_path / "r/ckpt.pt"))["wandb_run_id"]
     assert run_id
-    r = run_cli("train", *tiny_train_args(char_data, tmp_path / "r", **common, init_from="resume"),
-                env=wandb_env(tmp_path))
+    r = run_cli(
+        "train", *tiny_train_args(char_data, tmp_path / "r", **common, init_from="resume"), env=wandb_env(tmp_path)
+    )
     assert r.returncode == 0, r.stderr
     assert load_checkpoint(str(tmp_path / "r/ckpt.pt"))["wandb_run_id"] == run_id
     folders = glob.glob(str(tmp_path / "wandb/offline-run-*"))

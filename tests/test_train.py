@@ -12,7 +12,7 @@ import torch
 from conftest import tiny_train_args
 from gptforge.checkpoint import load_checkpoint
 from gptforge.config import load_config
-from gptforge.distributed import autocast_context
+from gptforge.device import autocast_context
 from gptforge.errors import UserError
 from gptforge.train import train
 
@@ -46,8 +46,19 @@ def test_run_learns_and_writes_its_files(char_data, tmp_path):
     assert config["device"] == "cpu" and config["dtype"] == "float32" and config["compile"] is False
     ckpt = load_checkpoint(str(out / "ckpt.pt"))
     assert ckpt["iter_num"] == 30 and ckpt["best_val_loss"] == min(r["val_loss"] for r in evals)
-    assert set(ckpt) >= {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "config", "scaler",
-                         "rng", "data_state", "tokenizer", "format_version"}
+    assert set(ckpt) >= {
+        "model",
+        "optimizer",
+        "model_args",
+        "iter_num",
+        "best_val_loss",
+        "config",
+        "scaler",
+        "rng",
+        "data_state",
+        "tokenizer",
+        "format_version",
+    }
     assert ckpt["model_args"]["vocab_size"] == ckpt["tokenizer"]["itos"].__len__()
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
 
@@ -80,10 +91,14 @@ def test_resume_continues_at_the_right_iteration_with_identical_state(char_data,
             assert torch.equal(value, split["optimizer"]["state"][pid][name]), (pid, name)
     assert whole["optimizer"]["param_groups"] == split["optimizer"]["param_groups"]
     # the metrics of the resumed run read like the uninterrupted run's: same steps, same losses, no repeats
-    strip = [{k: v for k, v in r.items() if k in ("step", "kind", "loss", "val_loss", "train_loss", "lr")}
-             for r in records(tmp_path / "whole")]
-    assert strip == [{k: v for k, v in r.items() if k in ("step", "kind", "loss", "val_loss", "train_loss", "lr")}
-                     for r in records(tmp_path / "split")]
+    strip = [
+        {k: v for k, v in r.items() if k in ("step", "kind", "loss", "val_loss", "train_loss", "lr")}
+        for r in records(tmp_path / "whole")
+    ]
+    assert strip == [
+        {k: v for k, v in r.items() if k in ("step", "kind", "loss", "val_loss", "train_loss", "lr")}
+        for r in records(tmp_path / "split")
+    ]
     assert (tmp_path / "whole/log.txt").read_text() == (tmp_path / "split/log.txt").read_text()
 
 
@@ -112,8 +127,7 @@ def test_gradient_accumulation_equals_one_big_batch():
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     nullctx = autocast_context("cpu", "float32")
 
-    loss, nx, ny, state = accumulate_gradients(model, *micro[0], ListBatches(micro[1:] + [(x, y)]), 4, nullctx,
-                                               scaler)
+    loss, nx, ny, state = accumulate_gradients(model, *micro[0], ListBatches(micro[1:] + [(x, y)]), 4, nullctx, scaler)
     accumulated = {n: p.grad.clone() for n, p in model.named_parameters()}
     assert torch.equal(nx, x) and state == {"left": 1}  # the batch after the last micro-batch is prefetched
     model.zero_grad(set_to_none=True)
@@ -124,8 +138,15 @@ def test_gradient_accumulation_equals_one_big_batch():
 
 
 def test_total_batch_size_sets_accumulation(char_data, tmp_path, capsys):
-    run(char_data, tmp_path / "r", max_iters=2, batch_size=4, block_size=32, total_batch_size=512,
-        gradient_accumulation_steps=None)
+    run(
+        char_data,
+        tmp_path / "r",
+        max_iters=2,
+        batch_size=4,
+        block_size=32,
+        total_batch_size=512,
+        gradient_accumulation_steps=None,
+    )
     assert "tokens per iteration: 512 = 4 accumulation x 1 processes x 4 batch x 32 block" in capsys.readouterr().out
     assert json.loads((tmp_path / "r/config.json").read_text())["gradient_accumulation_steps"] == 4
 
@@ -206,7 +227,7 @@ def test_user_errors_before_any_training(char_data, tmp_path):
 
 
 def test_measuring_peak_flops_leaves_the_global_rng_alone():
-    from gptforge.distributed import measure_matmul_flops
+    from gptforge.device import measure_matmul_flops
 
     torch.manual_seed(5)
     expected = torch.rand(4)
@@ -223,9 +244,17 @@ def nanogpt_checkpoint(path, model_args, iter_num=5):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**model_args))
     opt = configure_optimizer(model, 0.1, 1e-3, (0.9, 0.99), "cpu")
-    torch.save({"model": {"_orig_mod." + k: v for k, v in model.state_dict().items()},
-                "optimizer": opt.state_dict(), "model_args": model_args, "iter_num": iter_num,
-                "best_val_loss": torch.tensor(3.5), "config": {"dataset": "tiny", "batch_size": 8}}, path)
+    torch.save(
+        {
+            "model": {"_orig_mod." + k: v for k, v in model.state_dict().items()},
+            "optimizer": opt.state_dict(),
+            "model_args": model_args,
+            "iter_num": iter_num,
+            "best_val_loss": torch.tensor(3.5),
+            "config": {"dataset": "tiny", "batch_size": 8},
+        },
+        path,
+    )
     return model
 
 
@@ -245,8 +274,9 @@ def test_resume_from_a_nanogpt_checkpoint(char_data, tmp_path):
 def test_compiled_training_matches_eager_and_saves_plain_names(char_data, tmp_path):
     """torch.compile on CPU (inductor, needs a C++ compiler): same losses as eager, no `_orig_mod.` saved."""
     eager = run(char_data, tmp_path / "eager", max_iters=3, eval_interval=3, eval_iters=2, n_layer=1)
-    compiled = run(char_data, tmp_path / "compiled", max_iters=3, eval_interval=3, eval_iters=2, n_layer=1,
-                   compile=True)
+    compiled = run(
+        char_data, tmp_path / "compiled", max_iters=3, eval_interval=3, eval_iters=2, n_layer=1, compile=True
+    )
     assert compiled["losses"]["val"] == pytest.approx(eager["losses"]["val"], abs=1e-4)
     ckpt = load_checkpoint(str(tmp_path / "compiled/ckpt.pt"))
     raw = torch.load(tmp_path / "compiled/ckpt.pt", weights_only=True)["model"]
@@ -254,7 +284,7 @@ def test_compiled_training_matches_eager_and_saves_plain_names(char_data, tmp_pa
 
 
 def test_auto_resolution_on_this_machine():
-    from gptforge.distributed import resolve_compile, resolve_device, resolve_dtype
+    from gptforge.device import resolve_compile, resolve_device, resolve_dtype
 
     expected_device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     assert resolve_device("auto") == expected_device
@@ -276,13 +306,19 @@ def test_cuda_training_with_autocast_compile_and_pinned_batches(char_data, tmp_p
     assert ckpt["config"]["dtype"] in ("bfloat16", "float16") and ckpt["config"]["compile"] is True
 
 
-@pytest.mark.parametrize("fast_bf16, n_embd, expected", [
-    (True, 384, "bfloat16"), (True, 128, "float32"), (False, 384, "float32"), (False, 4096, "float32"),
-])
+@pytest.mark.parametrize(
+    "fast_bf16, n_embd, expected",
+    [
+        (True, 384, "bfloat16"),
+        (True, 128, "float32"),
+        (False, 384, "float32"),
+        (False, 4096, "float32"),
+    ],
+)
 def test_auto_dtype_on_cpu_follows_the_hardware(monkeypatch, fast_bf16, n_embd, expected):
     """bfloat16 only where the CPU multiplies it in hardware and the model is wide enough for it to pay."""
-    from gptforge import distributed
+    from gptforge import device
 
-    monkeypatch.setattr(distributed, "cpu_has_fast_bf16", lambda: fast_bf16)
-    assert distributed.resolve_dtype("auto", "cpu", n_embd) == expected
-    assert distributed.resolve_dtype("float32", "cpu", n_embd) == "float32"
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: fast_bf16)
+    assert device.resolve_dtype("auto", "cpu", n_embd) == expected
+    assert device.resolve_dtype("float32", "cpu", n_embd) == "float32"

@@ -1,42 +1,36 @@
-"""Throughput, MFU and memory of the real training step, and of generation and tokenisation.
-
-    gptforge bench config/train_shakespeare_char.py --device=cpu              # the project's defaults
-    gptforge bench config/train_shakespeare_char.py --device=cpu --compare    # + float32 eager baseline, ratio
-    gptforge bench config/train_shakespeare_char_cpu.py --compare --json      # one JSON object on stdout
-
-A step is what train() runs: gradient_accumulation_steps micro-batches of forward and backward under
-autocast, clipping, the AdamW step. Batches are random tokens of the model's vocabulary, so no dataset is
-needed. Modes: `default` (the config as resolved: dtype and compile 'auto', fused AdamW where available) and
-`baseline` (what nanoGPT does on a CPU: float32, eager, plain AdamW). With --compare both are timed in the
-same process, alternating in rounds, so machine noise hits both alike. MFU is measured against this
-device's best measured matmul ceiling (float32 or bfloat16, whichever is higher), or peak_flops.
-"""
+"""`gptforge bench`: throughput, MFU and memory of the real training step on random tokens (default settings, and
+with --compare nanoGPT's float32 eager baseline, alternated in rounds), of generation and of tokenisation.
+docs/PERFORMANCE.md has the figures and how to read them."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
 import torch
 
 from gptforge.config import TrainConfig
-from gptforge.distributed import (
+from gptforge.console import log
+from gptforge.data.loader import read_meta
+from gptforge.device import (
     autocast_context,
     configure_backends,
     cpu_has_fast_bf16,
+    device_type,
     measure_matmul_flops,
     resolve_compile,
     resolve_device,
     resolve_dtype,
 )
 from gptforge.errors import UserError
-from gptforge.model import GPT, GPTConfig, model_vocab_size
+from gptforge.model import GPT, GPTConfig, model_args, model_vocab_size
 from gptforge.optim import accumulate_gradients, configure_optimizer
+from gptforge.tokenizer import GPT2_VOCAB
 
 
 class RandomTokens:
@@ -52,10 +46,6 @@ class RandomTokens:
 
     def state_dict(self) -> dict[str, Any]:
         return {}
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def peak_rss_bytes() -> int:
@@ -79,18 +69,18 @@ def reset_peak_rss() -> None:
 class Mode:
     """One way of running the step: a model, its optimizer and settings, ready to time."""
 
-    def __init__(self, name: str, cfg: TrainConfig, device: str, dtype: str, compile_: bool, fused: bool,
-                 vocab_size: int):
+    def __init__(
+        self, name: str, cfg: TrainConfig, device: str, dtype: str, compile_: bool, fused: bool, vocab_size: int
+    ):
         self.name, self.device, self.dtype, self.compile = name, device, dtype, compile_
         torch.manual_seed(cfg.seed)  # both modes start from the same weights
-        args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
-                    bias=cfg.bias, vocab_size=vocab_size, dropout=cfg.dropout)
-        self.raw = GPT(GPTConfig(**args)).to(device)
-        self.optimizer = configure_optimizer(self.raw, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                             "cuda" if fused else "cpu")
+        self.raw = GPT(GPTConfig(**model_args(cfg, vocab_size), dropout=cfg.dropout)).to(device)
+        self.optimizer = configure_optimizer(
+            self.raw, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cuda" if fused else "cpu"
+        )
         self.model = torch.compile(self.raw) if compile_ else self.raw
-        self.ctx = autocast_context(device.split(":")[0], dtype)
-        self.scaler = torch.amp.GradScaler(device.split(":")[0], enabled=dtype == "float16")
+        self.ctx = autocast_context(device_type(device), dtype)
+        self.scaler = torch.amp.GradScaler(device_type(device), enabled=dtype == "float16")
         self.batches = RandomTokens(cfg.batch_size, cfg.block_size, vocab_size, device)
         self.accum, self.grad_clip = cfg.gradient_accumulation_steps, cfg.grad_clip
         self.x, self.y = self.batches.next_batch()
@@ -100,8 +90,9 @@ class Mode:
 
     def step(self) -> float:
         t0 = time.perf_counter()
-        loss, self.x, self.y, _ = accumulate_gradients(self.model, self.x, self.y, self.batches, self.accum,
-                                                       self.ctx, self.scaler)
+        loss, self.x, self.y, _ = accumulate_gradients(
+            self.model, self.x, self.y, self.batches, self.accum, self.ctx, self.scaler
+        )
         if self.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.grad_clip)
@@ -116,17 +107,26 @@ class Mode:
 
 def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rounds: int) -> dict[str, Any]:
     device = resolve_device(cfg.device)
-    dev_type = device.split(":")[0]
+    dev_type = device_type(device)
     configure_backends(dev_type)
     vocab_size = _dataset_vocab(cfg)
-    default = Mode("default", cfg, device, resolve_dtype(cfg.dtype, dev_type, cfg.n_embd),
-                   resolve_compile(cfg.compile, dev_type), fused=dev_type == "cuda", vocab_size=vocab_size)
+    default = Mode(
+        "default",
+        cfg,
+        device,
+        resolve_dtype(cfg.dtype, dev_type, cfg.n_embd),
+        resolve_compile(cfg.compile, dev_type),
+        fused=dev_type == "cuda",
+        vocab_size=vocab_size,
+    )
     modes = [default]
     if compare:
         modes.append(Mode("baseline", cfg, device, "float32", False, fused=False, vocab_size=vocab_size))
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-    log(f"model {default.raw.get_num_params() / 1e6:.2f}M params, {tokens_per_iter:,} tokens/iter on {device}; "
-        f"modes: " + ", ".join(f"{m.name} ({m.dtype}, compile={m.compile})" for m in modes))
+    log(
+        f"model {default.raw.get_num_params() / 1e6:.2f}M params, {tokens_per_iter:,} tokens/iter on {device}; "
+        f"modes: " + ", ".join(f"{m.name} ({m.dtype}, compile={m.compile})" for m in modes)
+    )
     for m in modes:  # warm-up: first steps pay for allocation, kernel selection and compilation
         t0 = time.perf_counter()
         for _ in range(warmup):
@@ -152,15 +152,25 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
         dt = statistics.median(m.times)
         flops = m.raw.flops_per_token() * tokens_per_iter
         out[m.name] = {
-            "ms_per_iter": dt * 1000, "tokens_per_s": tokens_per_iter / dt, "mfu": flops / dt / peak,
-            "peak_mem_bytes": m.peak_mem, "dtype": m.dtype, "compile": m.compile, "compile_s": m.compile_s,
+            "ms_per_iter": dt * 1000,
+            "tokens_per_s": tokens_per_iter / dt,
+            "mfu": flops / dt / peak,
+            "peak_mem_bytes": m.peak_mem,
+            "dtype": m.dtype,
+            "compile": m.compile,
+            "compile_s": m.compile_s,
             "achieved_flops": flops / dt,
         }
     if compare:
         out["speedup"] = out["default"]["tokens_per_s"] / out["baseline"]["tokens_per_s"]
-    out["device"] = {"name": device, "peak_flops": peak, "matmul_ceiling_flops": peaks,
-                     "cpu_fast_bf16": dev_type == "cpu" and cpu_has_fast_bf16(), "threads": torch.get_num_threads(),
-                     "cpu": _cpu_name()}
+    out["device"] = {
+        "name": device,
+        "peak_flops": peak,
+        "matmul_ceiling_flops": peaks,
+        "cpu_fast_bf16": dev_type == "cpu" and cpu_has_fast_bf16(),
+        "threads": torch.get_num_threads(),
+        "cpu": _cpu_name(),
+    }
     return out
 
 
@@ -171,8 +181,7 @@ def bench_generation(cfg: TrainConfig, new_tokens: int = 500, batch: int = 1) ->
     """
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
-    model = GPT(GPTConfig(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
-                          bias=cfg.bias, vocab_size=_dataset_vocab(cfg))).to(device).eval()
+    model = GPT(GPTConfig(**model_args(cfg, _dataset_vocab(cfg)))).to(device).eval()
     idx = torch.zeros((batch, 1), dtype=torch.long, device=device)
     out: dict[str, Any] = {"new_tokens": new_tokens, "batch": batch}
     for name, use_cache in (("cached", True), ("uncached", False)):
@@ -196,7 +205,7 @@ def bench_tokenizers(text_path: str | None) -> dict[str, Any]:
     else:
         text = " ".join(f"word{i % 997} and some more text, number {i}." for i in range(60000))
     out = {}
-    for name, make in (("char", lambda: CharTokenizer.from_text(text)), ("gpt2", GPT2Tokenizer)):
+    for name, make in (("char", functools.partial(CharTokenizer.from_text, text)), ("gpt2", GPT2Tokenizer)):
         try:
             tok = make()
         except UserError as e:
@@ -210,14 +219,15 @@ def bench_tokenizers(text_path: str | None) -> dict[str, Any]:
 
 
 def _dataset_vocab(cfg: TrainConfig) -> int:
-    from gptforge.data.loader import read_meta
-
     folder = os.path.join(cfg.data_dir, cfg.dataset)
     if os.path.isdir(folder):
         return model_vocab_size(read_meta(folder))  # what train would build
     # no prepared data: nanoGPT's shakespeare_char (65 characters) or GPT-2 BPE
-    return model_vocab_size({"vocab_size": 65, "tokenizer": "char"} if cfg.dataset.endswith("_char")
-                            else {"vocab_size": 50257, "tokenizer": "gpt2"})
+    return model_vocab_size(
+        {"vocab_size": 65, "tokenizer": "char"}
+        if cfg.dataset.endswith("_char")
+        else {"vocab_size": GPT2_VOCAB, "tokenizer": "gpt2"}
+    )
 
 
 def _cpu_name() -> str:
@@ -231,8 +241,16 @@ def _cpu_name() -> str:
     return ""
 
 
-def run_bench(cfg: TrainConfig, compare: bool, as_json: bool, iters: int, warmup: int, rounds: int,
-              generation: bool, tokenizers: str | None) -> dict[str, Any]:
+def run_bench(
+    cfg: TrainConfig,
+    compare: bool,
+    as_json: bool,
+    iters: int,
+    warmup: int,
+    rounds: int,
+    generation: bool,
+    tokenizers: str | None,
+) -> dict[str, Any]:
     """The `gptforge bench` command: prints a table to stderr, or one JSON object to stdout with --json."""
     if iters <= 0 or warmup < 0 or rounds <= 0:
         raise UserError("--iters and --rounds must be positive and --warmup not negative")
@@ -241,27 +259,48 @@ def run_bench(cfg: TrainConfig, compare: bool, as_json: bool, iters: int, warmup
         result["generation"] = bench_generation(cfg)
     if tokenizers is not None:
         result["tokenizers"] = bench_tokenizers(tokenizers or None)
-    result["config"] = {k: v for k, v in dataclasses.asdict(cfg).items()
-                        if k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size",
-                                 "gradient_accumulation_steps", "dropout", "bias", "dtype", "compile")}
+    result["config"] = {
+        k: v
+        for k, v in dataclasses.asdict(cfg).items()
+        if k
+        in (
+            "n_layer",
+            "n_head",
+            "n_embd",
+            "block_size",
+            "batch_size",
+            "gradient_accumulation_steps",
+            "dropout",
+            "bias",
+            "dtype",
+            "compile",
+        )
+    }
     if as_json:
         print(json.dumps(result))
     else:
         for name in ("default", "baseline"):
             if name in result:
                 m = result[name]
-                print(f"{name:>8}: {m['ms_per_iter']:9.1f} ms/iter {m['tokens_per_s']:11,.0f} tok/s  "
-                      f"mfu {m['mfu'] * 100:5.1f}%  peak mem {m['peak_mem_bytes'] / 2**20:,.0f} MiB  "
-                      f"({m['dtype']}, compile={m['compile']})")
+                print(
+                    f"{name:>8}: {m['ms_per_iter']:9.1f} ms/iter {m['tokens_per_s']:11,.0f} tok/s  "
+                    f"mfu {m['mfu'] * 100:5.1f}%  peak mem {m['peak_mem_bytes'] / 2**20:,.0f} MiB  "
+                    f"({m['dtype']}, compile={m['compile']})"
+                )
         if "speedup" in result:
             print(f" speedup: {result['speedup']:.2f}x tokens/s over the baseline")
         dev = result["device"]
-        print(f"  device: {dev['name']} ({dev['cpu']}), peak {dev['peak_flops'] / 1e9:,.0f} GFLOP/s; matmul ceilings "
-              + ", ".join(f"{k} {v / 1e9:,.0f}" for k, v in dev["matmul_ceiling_flops"].items()) + " GFLOP/s")
+        print(
+            f"  device: {dev['name']} ({dev['cpu']}), peak {dev['peak_flops'] / 1e9:,.0f} GFLOP/s; matmul ceilings "
+            + ", ".join(f"{k} {v / 1e9:,.0f}" for k, v in dev["matmul_ceiling_flops"].items())
+            + " GFLOP/s"
+        )
         if "generation" in result:
             g = result["generation"]
-            print(f"generation ({g['new_tokens']} tokens): {g['cached']['tokens_per_s']:,.1f} tokens/s with the KV "
-                  f"cache, {g['uncached']['tokens_per_s']:,.1f} without ({g['cache_speedup']:.1f}x)")
+            print(
+                f"generation ({g['new_tokens']} tokens): {g['cached']['tokens_per_s']:,.1f} tokens/s with the KV "
+                f"cache, {g['uncached']['tokens_per_s']:,.1f} without ({g['cache_speedup']:.1f}x)"
+            )
         for name, t in result.get("tokenizers", {}).items():
             print(f"tokenizer {name}: " + (f"{t['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in t else t["error"]))
     return result

@@ -1,10 +1,6 @@
-"""Checkpoints: atomic writes, safe reads, and the random-number state a resumed run needs.
-
-A checkpoint is a dict with nanoGPT's keys (`model`, `optimizer`, `model_args`, `iter_num`, `best_val_loss`,
-`config`) plus ours (`scaler`, `rng`, `data_state`, `tokenizer`, `format_version`). It holds only plain
-containers, numbers, strings and tensors, so it loads with `torch.load(weights_only=True)`, which refuses
-pickled code. nanoGPT's own checkpoints load as they are.
-"""
+"""Checkpoint files: atomic writes, safe reads (weights_only), the fallback a resume takes past a damaged file, the
+random-number and data state a resumed run needs, and the model a command loads (--out_dir / --ckpt /
+--init_from). The keys: docs/ARCHITECTURE.md "Files"."""
 
 from __future__ import annotations
 
@@ -19,63 +15,46 @@ from typing import Any
 import numpy as np
 import torch
 
-from gptforge.data.loader import ShardedBatches
+from gptforge.console import log
+from gptforge.data.loader import ShardedBatches, read_meta
 from gptforge.distributed import DistEnv
 from gptforge.errors import UserError
+from gptforge.files import BEST_CKPT, CKPT, atomic_write, step_checkpoint_name  # noqa: F401  (re-exported)
+from gptforge.model import GPT, MODEL_ARGS, GPTConfig
+from gptforge.tokenizer import Tokenizer, from_spec
 
 FORMAT_VERSION = 1
 _PREFIXES = ("_orig_mod.", "module.")  # added by torch.compile and by DDP wrappers
-_TMP = re.compile(r"\..+\.pt\.(\d+)\.tmp")  # save_checkpoint's temporary files: .<name>.<pid>.tmp
+_TMP = re.compile(r"\..+\.(\d+)\.tmp")  # files.atomic_write's temporary files: .<name>.<pid>.tmp
 _STEP = re.compile(r"model_(\d{5,})\.pt")
 
 
 def save_checkpoint(path: str, state: dict[str, Any], copies: Sequence[str] = ()) -> None:
-    """Write to a temporary file in the same folder, fsync, rename over `path`, fsync the folder.
-
-    A crash at any moment leaves either the previous checkpoint or the new one, never a torn file. `copies`
-    (other paths in the same folder, e.g. the best or a step checkpoint) get the same bytes, each written the
-    same way before `path` itself is replaced.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    tmps = [_tmp_name(p) for p in (*copies, path)]
+    """Write `state` to `path` atomically (files.atomic_write). `copies` (the best or a step checkpoint, in the
+    same folder) get the same bytes, each written the same way and renamed before `path` itself is replaced,
+    so a crash at any moment leaves every name either old or new. One serialization for all of them."""
     try:
-        with open(tmps[-1], "wb") as fh:
+        with atomic_write(path) as fh:
             torch.save(state, fh)
             fh.flush()
-            os.fsync(fh.fileno())
-        for tmp, target in zip(tmps[:-1], copies, strict=True):
-            shutil.copyfile(tmps[-1], tmp)
-            _fsync_file(tmp)
-            os.replace(tmp, target)
-        os.replace(tmps[-1], path)
-    except BaseException as e:  # a failed write, or a second Ctrl-C: no temporary file is left behind
-        for tmp in tmps:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
+            for copy in copies:
+                with open(fh.name, "rb") as src, atomic_write(copy) as out:
+                    shutil.copyfileobj(src, out)
+    except BaseException as e:  # atomic_write removed every temporary file; say what went wrong
         cause = e  # torch.save reports a failed write as a RuntimeError raised from the OSError
         while cause is not None and not isinstance(cause, OSError):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
-            raise  # not the disk's fault: a bug to see in full
-        raise UserError(f"cannot write checkpoint {path}: {cause.strerror}; the previous checkpoint is intact. Free "
-                        "disk space (or choose another --out_dir) and continue with --init_from=resume") from None
-    _fsync_file(folder)  # make the renames themselves durable
-
-
-def _tmp_name(path: str) -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.tmp")
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            raise  # not the disk's fault: a bug (or a second Ctrl-C) to see in full
+        raise UserError(
+            f"cannot write checkpoint {path}: {cause.strerror}; the previous checkpoint is intact. Free "
+            "disk space (or choose another --out_dir) and continue with --init_from=resume"
+        ) from None
 
 
 def remove_stale_temporaries(folder: str) -> list[str]:
-    """Delete temporary checkpoint files left by writers that were killed mid-write (their process is gone)."""
+    """Delete the temporary files (checkpoints, config.json, metrics) of writers killed mid-write: their process
+    is gone."""
     removed = []
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
         match = _TMP.fullmatch(name)
@@ -97,10 +76,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's live process
     return True
-
-
-def step_checkpoint_name(step: int) -> str:
-    return f"model_{step:05d}.pt"
 
 
 def step_checkpoints(folder: str) -> list[tuple[int, str]]:
@@ -127,14 +102,14 @@ def load_resumable(out_dir: str, map_location: str | torch.device = "cpu") -> tu
     """The checkpoint to resume from: ckpt.pt, or when it is missing or unreadable the newest readable of the
     step checkpoints and ckpt_best.pt (by the step stored in them). Returns (checkpoint, path, problems), where
     problems describe the files passed over; a clear error when none can be read."""
-    main = os.path.join(out_dir, "ckpt.pt")
+    main = os.path.join(out_dir, CKPT)
     problems = []
     try:
         return load_checkpoint(main, map_location), main, problems
     except UserError as e:
         problems.append(str(e))
     readable = []
-    for group in ([path for _, path in reversed(step_checkpoints(out_dir))], [os.path.join(out_dir, "ckpt_best.pt")]):
+    for group in ([path for _, path in reversed(step_checkpoints(out_dir))], [os.path.join(out_dir, BEST_CKPT)]):
         for path in filter(os.path.isfile, group):  # newest first: the first readable one of a group wins
             try:
                 ckpt = load_checkpoint(path, map_location)
@@ -144,8 +119,9 @@ def load_resumable(out_dir: str, map_location: str | torch.device = "cpu") -> tu
             readable.append((int(ckpt.get("iter_num", 0)), path, ckpt))
             break
     if not readable:
-        raise UserError(" / ".join(problems) + f"; no other readable checkpoint in {out_dir}: start again with "
-                        "--init_from=scratch")
+        raise UserError(
+            " / ".join(problems) + f"; no other readable checkpoint in {out_dir}: start again with --init_from=scratch"
+        )
     _, path, ckpt = max(readable, key=lambda r: r[0])
     return ckpt, path, problems
 
@@ -159,13 +135,17 @@ def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, KeyError... for unreadable files
         text = str(e)
         if "Unsupported global" in text or "GLOBAL " in text:  # the pickle names a class or function to call
-            raise UserError(f"cannot read checkpoint {path}: it holds pickled objects other than tensors and plain "
-                            "data, and such files can run code; it was not loaded") from None
+            raise UserError(
+                f"cannot read checkpoint {path}: it holds pickled objects other than tensors and plain "
+                "data, and such files can run code; it was not loaded"
+            ) from None
         # torch's own advice (load with weights_only=False) is exactly what must not be done with a stranger's file
         lines = [x.strip() for x in text.splitlines() if x.strip() and not re.search("eights.only", x)]
         detail = f"{type(e).__name__}: {lines[0].split('. ')[0][:160]}" if lines else type(e).__name__
-        raise UserError(f"cannot read checkpoint {path}: the file is truncated, damaged or not a checkpoint "
-                        f"({detail}); point --out_dir or --ckpt at an intact one, or train again") from None
+        raise UserError(
+            f"cannot read checkpoint {path}: the file is truncated, damaged or not a checkpoint "
+            f"({detail}); point --out_dir or --ckpt at an intact one, or train again"
+        ) from None
     if not isinstance(ckpt, dict) or not {"model", "model_args"} <= set(ckpt):
         raise UserError(f"{path} is not a gptforge or nanoGPT checkpoint (no 'model' and 'model_args' keys)")
     ckpt["model"] = clean_state_dict(ckpt["model"])
@@ -201,8 +181,12 @@ def capture_rng() -> dict[str, Any]:
     keys, pos, has_gauss, gauss = np.random.get_state()[1:]
     state = {
         "python": random.getstate(),
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached_gaussian": float(gauss)},
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(gauss),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -239,20 +223,13 @@ def load_optimizer_state(model, optimizer, ckpt: dict[str, Any], fsdp: bool, pat
         optimizer.load_state_dict(ckpt["optimizer"])
         return
     if not fqn:
-        raise UserError(f"{path} was written without FSDP: resume it with --parallel=ddp (its model weights load "
-                        "anywhere; only the optimizer state is laid out for DDP)")
+        raise UserError(
+            f"{path} was written without FSDP: resume it with --parallel=ddp (its model weights load "
+            "anywhere; only the optimizer state is laid out for DDP)"
+        )
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
-
-
-def gather(obj: Any, env: DistEnv) -> list[Any]:
-    """Every rank's `obj`, in rank order (all ranks must call)."""
-    if not env.ddp:
-        return [obj]
-    out: list[Any] = [None] * env.world_size
-    torch.distributed.all_gather_object(out, obj)
-    return out
 
 
 def restore_run_state(ckpt: dict[str, Any], env: DistEnv, batches) -> None:
@@ -269,3 +246,59 @@ def restore_run_state(ckpt: dict[str, Any], env: DistEnv, batches) -> None:
     if state and state.get("kind") == ("sharded" if isinstance(batches, ShardedBatches) else "random"):
         if same_world or state["kind"] == "sharded":
             batches.load_state_dict(state)  # after the RNGs: the random loader's state is torch's generator
+
+
+def checkpoint_path(out_dir: str, ckpt: str | None = None) -> str:
+    """The checkpoint file to read: `ckpt` (--ckpt, e.g. out/model_05000.pt) when given, else <out_dir>/ckpt.pt."""
+    if not ckpt:
+        return os.path.join(out_dir, CKPT)
+    if os.path.isdir(ckpt):
+        raise UserError(
+            f"--ckpt={ckpt} is a folder: --ckpt names a checkpoint file (such as "
+            f"{os.path.join(ckpt, CKPT)}); a run folder goes to --out_dir"
+        )
+    if not os.path.isfile(ckpt):
+        raise UserError(f"--ckpt={ckpt}: no such checkpoint file (a run's {CKPT}, or a step checkpoint model_NNNNN.pt)")
+    return ckpt
+
+
+def checkpoint_model_args(ckpt: dict[str, Any]) -> dict[str, Any]:
+    return {k: ckpt["model_args"][k] for k in MODEL_ARGS}
+
+
+def load_checkpoint_model(path: str, device: str) -> tuple[GPT, Tokenizer, dict[str, Any]]:
+    """A checkpoint file's model (eval mode, on `device`), its tokenizer, and the checkpoint itself."""
+    ckpt = load_checkpoint(path, map_location="cpu")
+    model = GPT(GPTConfig(**checkpoint_model_args(ckpt), dropout=0.0))
+    load_model_state(model, ckpt["model"], path)
+    model.eval().to(device)
+    return model, checkpoint_tokenizer(ckpt), ckpt
+
+
+def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Tokenizer:
+    """The tokenizer a checkpoint records; for nanoGPT's (which record none) its dataset's meta, else GPT-2 BPE."""
+    if ckpt.get("tokenizer"):
+        return from_spec(ckpt["tokenizer"])
+    config = ckpt.get("config") or {}
+    if "dataset" in config:  # nanoGPT: the dataset folder's meta.pkl, if it is still where it was
+        folder = os.path.join(config.get("data_dir", "data"), config["dataset"])
+        if os.path.isdir(folder):
+            return from_spec(read_meta(folder))
+    log("no tokenizer recorded in the checkpoint and no dataset meta found: assuming GPT-2 BPE")
+    return from_spec({"tokenizer": "gpt2"})
+
+
+def load_model(
+    out_dir: str, ckpt: str | None, init_from: str, device: str
+) -> tuple[GPT, Tokenizer, dict[str, Any] | None]:
+    """The model `sample` and `eval` read, in eval mode on `device`: a run's checkpoint (init_from 'resume':
+    --ckpt, else <out_dir>/ckpt.pt) or GPT-2's weights (a hub name or a Hugging Face folder). Returns (model,
+    tokenizer, the checkpoint or None)."""
+    if ckpt and init_from != "resume":
+        raise UserError(f"--ckpt={ckpt} and --init_from={init_from} each name the model to load; give one of them")
+    if init_from == "resume":
+        return load_checkpoint_model(checkpoint_path(out_dir, ckpt), device)
+    from gptforge.pretrained import load_pretrained
+
+    model, _ = load_pretrained(init_from)
+    return model.eval().to(device), from_spec({"tokenizer": "gpt2"}), None

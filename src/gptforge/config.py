@@ -1,22 +1,6 @@
-"""Training configuration: one flat dataclass with nanoGPT's keys and defaults, plus a few of our own.
-
-Config files are nanoGPT's: Python files of `name = value` lines. They are read as data with `ast` (literals
-and plain arithmetic such as `5 * 8`), never executed. Command-line overrides come after or between them,
-in the order given, and the last one wins:
-
-    gptforge train config/train_shakespeare_char.py --device=cpu --compile=False --max_iters 2000
-
-Values are parsed as Python literals, falling back to the raw string; each must match the type of its default
-(an int may stand where a float is expected). Unknown keys fail with the closest valid names.
-
-build-nanogpt's flag names are accepted as aliases of our keys, on the command line and in config files alike
-(ALIASES; `gptforge train --help` lists them): `--mini_batch_size=64` is `--batch_size=64`. `--steps_per_epoch`
-and `--num_epochs` set max_iters to their product (and lr_decay_iters, unless given); `--eval_freq` sets
-eval_interval (and hellaswag_interval and sample_interval, unless given); `--logdir` sets out_dir and, unless
-given, ckpt_interval=5000 (build-nanogpt's model_{step:05d}.pt layout). An alias and its key both given with
-different values in the same place (the command line, or one file) is an error naming both; otherwise the
-later one wins, as for any key.
-"""
+"""Training configuration: one flat, frozen dataclass with nanoGPT's keys and defaults plus a few of our own, and
+load_config, which reads nanoGPT's config files as data (`ast`, never executed) and `--key=value` overrides in
+order, the last one winning. README "nanoGPT commands it accepts" has the rules; aliases.py build-nanogpt's names."""
 
 from __future__ import annotations
 
@@ -29,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptforge.aliases import ALIASES, EPOCH_NAMES, Given, resolve_aliases, show
 from gptforge.errors import UserError
 
 
@@ -37,8 +22,10 @@ def _f(default: Any, doc: str) -> Any:
     return field(default=default, metadata={"doc": doc})
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
+    """Every run setting. Frozen: train resolves each 'auto' once, into a new TrainConfig (dataclasses.replace)."""
+
     # --- I/O -------------------------------------------------------------------------------------------------
     out_dir: str = _f("out", "run folder: ckpt.pt, config.json, metrics.jsonl, log.txt")
     eval_interval: int = _f(2000, "optimizer steps between evaluations (val loss, checkpoint)")
@@ -46,11 +33,17 @@ class TrainConfig:
     eval_iters: int = _f(200, "batches per split averaged by each evaluation; more = less noisy, slower")
     eval_only: bool = _f(False, "evaluate once and exit (with init_from='resume' or a pretrained model)")
     always_save_checkpoint: bool = _f(True, "checkpoint at every evaluation, not only when val loss improves")
-    ckpt_interval: int = _f(0, "also keep a step checkpoint model_{step:05d}.pt every this many steps and at the last "
-                            "step (build-nanogpt: 5000); 0 = off")
+    ckpt_interval: int = _f(
+        0,
+        "also keep a step checkpoint model_{step:05d}.pt every this many steps and at the last "
+        "step (build-nanogpt: 5000); 0 = off",
+    )
     keep_last: int = _f(0, "step checkpoints model_*.pt to keep, newest first (older ones are deleted); 0 = all")
-    init_from: str = _f("scratch", "'scratch' (new model), 'resume' (out_dir/ckpt.pt), a GPT-2 name ('gpt2', "
-                        "'gpt2-medium', 'gpt2-large', 'gpt2-xl') or a Hugging Face GPT-2 folder")
+    init_from: str = _f(
+        "scratch",
+        "'scratch' (new model), 'resume' (out_dir/ckpt.pt), a GPT-2 name ('gpt2', "
+        "'gpt2-medium', 'gpt2-large', 'gpt2-xl') or a Hugging Face GPT-2 folder",
+    )
     # --- wandb ---------------------------------------------------------------------------------------------
     wandb_log: bool = _f(False, "log metrics to Weights & Biases (pip install 'gptforge[wandb]')")
     wandb_project: str = _f("owt", "wandb project name")
@@ -63,8 +56,11 @@ class TrainConfig:
     )
     batch_size: int = _f(12, "sequences per micro-batch per process")
     block_size: int = _f(1024, "context length in tokens (GPT-2: 1024)")
-    data_loader: str = _f("auto", "'random' (nanoGPT: random windows), 'sharded' (build-nanogpt: sequential over "
-                          "shards, rank-aware) or 'auto' (sharded for shard datasets, else random)")
+    data_loader: str = _f(
+        "auto",
+        "'random' (nanoGPT: random windows), 'sharded' (build-nanogpt: sequential over "
+        "shards, rank-aware) or 'auto' (sharded for shard datasets, else random)",
+    )
     total_batch_size: int = _f(
         0, "tokens per optimizer step (build-nanogpt); when > 0 it sets gradient_accumulation_steps. 0 = off"
     )
@@ -81,26 +77,39 @@ class TrainConfig:
     beta1: float = _f(0.9, "AdamW beta1")
     beta2: float = _f(0.95, "AdamW beta2 (0.95 is steadier than 0.999 for LLM pretraining)")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this; 0 = off")
-    max_bad_steps: int = _f(10, "a step whose loss or gradient norm is not finite is skipped (weights untouched); "
-                            "this many in a row stop the run, leaving the last good checkpoint")
+    max_bad_steps: int = _f(
+        10,
+        "a step whose loss or gradient norm is not finite is skipped (weights untouched); "
+        "this many in a row stop the run, leaving the last good checkpoint",
+    )
     # --- learning-rate schedule ----------------------------------------------------------------------------
     decay_lr: bool = _f(True, "warmup, then lr_schedule; False = constant learning_rate from step 0 (nanoGPT)")
-    lr_schedule: str = _f("cosine", "after warmup: 'cosine' (nanoGPT: cosine to min_lr at lr_decay_iters), 'linear' "
-                          "(straight to min_lr at lr_decay_iters), 'constant' (learning_rate) or 'wsd' "
-                          "(warmup-stable-decay: learning_rate, then linear to min_lr over the last decay_frac)")
+    lr_schedule: str = _f(
+        "cosine",
+        "after warmup: 'cosine' (nanoGPT: cosine to min_lr at lr_decay_iters), 'linear' "
+        "(straight to min_lr at lr_decay_iters), 'constant' (learning_rate) or 'wsd' "
+        "(warmup-stable-decay: learning_rate, then linear to min_lr over the last decay_frac)",
+    )
     warmup_iters: int = _f(2000, "steps of linear warmup (every lr_schedule)")
     lr_decay_iters: int = _f(600000, "step where the decay reaches min_lr, kept after it (~max_iters per Chinchilla)")
     min_lr: float = _f(6e-5, "floor of the schedule (~learning_rate / 10 per Chinchilla)")
-    decay_frac: float = _f(0.2, "lr_schedule='wsd': the share of lr_decay_iters spent decaying: the decay starts at "
-                           "step max(warmup_iters, (1 - decay_frac) * lr_decay_iters); 0 = a drop at lr_decay_iters")
+    decay_frac: float = _f(
+        0.2,
+        "lr_schedule='wsd': the share of lr_decay_iters spent decaying: the decay starts at "
+        "step max(warmup_iters, (1 - decay_frac) * lr_decay_iters); 0 = a drop at lr_decay_iters",
+    )
     # --- system --------------------------------------------------------------------------------------------
-    parallel: str = _f("ddp", "with several processes: 'ddp' (a full copy per process) or 'fsdp' (FSDP2: parameters, "
-                       "gradients and optimizer state sharded per block, for models too big for one device)")
+    parallel: str = _f(
+        "ddp",
+        "with several processes: 'ddp' (a full copy per process) or 'fsdp' (FSDP2: parameters, "
+        "gradients and optimizer state sharded per block, for models too big for one device)",
+    )
     backend: str = _f("nccl", "torch.distributed backend: 'nccl', 'gloo' or 'auto' (nccl on CUDA, else gloo)")
     device: str = _f("cuda", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto' (cuda > mps > cpu)")
     dtype: str = _f(
-        "auto", "'float32', 'bfloat16', 'float16' (with a GradScaler) or 'auto' (CUDA: bf16 if supported, else "
-        "float16; CPU: bf16 with AMX/AVX512-BF16 and n_embd >= 256, else float32; MPS: float32)"
+        "auto",
+        "'float32', 'bfloat16', 'float16' (with a GradScaler) or 'auto' (CUDA: bf16 if supported, else "
+        "float16; CPU: bf16 with AMX/AVX512-BF16 and n_embd >= 256, else float32; MPS: float32)",
     )
     compile: bool | str = _f("auto", "torch.compile the model: True, False or 'auto' (on for CUDA, off elsewhere)")
     # --- samples and sinks (gptforge's own) --------------------------------------------------------------------
@@ -120,9 +129,9 @@ class TrainConfig:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's, on the Hugging Face hub: 124M-1558M
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
-_CHOICES = {
+CHOICES = {  # the one list of each key's accepted values (device, optim and the CLI read them here)
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "backend": ("auto", "nccl", "gloo", "mpi", "ucc"),
     "data_loader": ("auto", "random", "sharded"),
@@ -131,27 +140,9 @@ _CHOICES = {
 }
 
 
-# build-nanogpt's flag names -> our keys. Its --min_lr, --weight_decay, --total_batch_size and --seed are ours too.
-ALIASES: dict[str, str] = {
-    "mini_batch_size": "batch_size",
-    "context_length": "block_size",
-    "num_layers": "n_layer",
-    "num_heads": "n_head",
-    "embd_size": "n_embd",
-    "max_lr": "learning_rate",
-    "warmup_steps": "warmup_iters",
-    "eval_freq": "eval_interval",
-    "logdir": "out_dir",
-}
-SHARED_NAMES = ("min_lr", "weight_decay", "total_batch_size", "seed")
-EPOCH_NAMES = ("steps_per_epoch", "num_epochs")  # no key of their own: max_iters = their product
-EVAL_FREQ_ALSO = ("hellaswag_interval", "sample_interval")  # build-nanogpt does all three every eval_freq steps
-LOGDIR_CKPT_INTERVAL = 5000  # build-nanogpt writes log_dir/model_{step:05d}.pt every 5000 steps and at the last
-
-
 def load_config(args: Sequence[str], base: TrainConfig | None = None) -> TrainConfig:
     """Build a TrainConfig from nanoGPT-style arguments: config files and --key=value / --key value, in order."""
-    given: dict[str, tuple[Any, str, int]] = {}  # name as written (key or alias) -> (value, where, source number)
+    given: Given = {}
     i = 0
     while i < len(args):
         arg = args[i]
@@ -177,11 +168,13 @@ def load_config(args: Sequence[str], base: TrainConfig | None = None) -> TrainCo
     values.update({name: value for name, (value, _, _) in given.items() if name in FIELDS})
     explicit = {name for name in given if name in FIELDS}
     resolve_aliases(given, values, explicit)
+    values["gradient_accumulation_steps"] = derived_accumulation(values, explicit)
     cfg = TrainConfig(**values)
     if "lr_schedule" in explicit and not cfg.decay_lr and cfg.lr_schedule != "constant":
-        raise UserError(f"{_show('lr_schedule', *given['lr_schedule'])} decays the learning rate, but decay_lr=False "
-                        "keeps it constant; set --decay_lr=True to use the schedule")
-    derive_batch(cfg, explicit)
+        raise UserError(
+            f"{show('lr_schedule', *given['lr_schedule'])} decays the learning rate, but decay_lr=False "
+            "keeps it constant; set --decay_lr=True to use the schedule"
+        )
     validate(cfg)
     return cfg
 
@@ -189,50 +182,6 @@ def load_config(args: Sequence[str], base: TrainConfig | None = None) -> TrainCo
 def _kind(name: str) -> str:
     """The type (as written in TrainConfig) of a key or an alias."""
     return "int" if name in EPOCH_NAMES else FIELDS[ALIASES.get(name, name)].type
-
-
-def _show(name: str, value: Any, where: str, source: int = 0) -> str:
-    """How a value was given, for messages: `--name=value` or `name = value (file:line)`."""
-    return f"--{name}={value}" if where.startswith("--") else f"{name} = {value!r} ({where})"
-
-
-def resolve_aliases(given: dict[str, tuple[Any, str]], values: dict[str, Any], explicit: set[str]) -> None:
-    """Apply build-nanogpt's names to `values` (keys they set join `explicit`).
-
-    Within one source (the command line, or one config file) a key and its alias must agree; across sources the
-    later one wins, as for any key: `config/train_gpt2_fineweb.py --mini_batch_size=32` overrides the file.
-    """
-
-    def claim(key: str, value: Any, source: int, shown: str, why: str) -> None:
-        if key in given and given[key][0] != value:
-            if given[key][2] == source:
-                raise UserError(f"{shown} and {_show(key, *given[key])} disagree ({why}); give one of them")
-            if given[key][2] > source:
-                return  # the key came later: it overrides the alias
-        values[key] = value
-        explicit.add(key)
-
-    for alias, key in ALIASES.items():
-        if alias in given:
-            value, _, source = given[alias]
-            claim(key, value, source, _show(alias, *given[alias]), f"{alias} is build-nanogpt's name for {key}")
-            if alias == "eval_freq":
-                for other in EVAL_FREQ_ALSO:
-                    if other not in given:
-                        values[other] = value
-            if alias == "logdir" and "ckpt_interval" not in given:
-                values["ckpt_interval"] = LOGDIR_CKPT_INTERVAL  # its run layout: model_05000.pt ... and the last step
-    if any(name in given for name in EPOCH_NAMES):
-        for name in EPOCH_NAMES:
-            if name in given and given[name][0] <= 0:
-                raise UserError(f"{_show(name, *given[name])}: {name} must be a positive integer")
-        steps, epochs = (given[name][0] if name in given else 1 for name in EPOCH_NAMES)
-        shown = " and ".join(_show(name, *given[name]) for name in EPOCH_NAMES if name in given)
-        source = max(given[name][2] for name in EPOCH_NAMES if name in given)
-        claim("max_iters", steps * epochs, source, shown,
-              f"max_iters = steps_per_epoch * num_epochs = {steps * epochs}")
-        if "lr_decay_iters" not in given:
-            values["lr_decay_iters"] = steps * epochs
 
 
 def read_config_file(path: str) -> list[tuple[str, Any, str]]:
@@ -329,51 +278,82 @@ def coerce(key: str, value: Any, where: str, from_text: bool) -> Any:
         raise UserError(f"{where}: {key} must be {expected}, got {value!r} ({type(value).__name__})")
     if kind == "float":
         value = float(value)
-    if target in _CHOICES and value not in _CHOICES[target]:
-        raise UserError(f"{where}: {key} must be one of {', '.join(_CHOICES[target])}; got {value!r}")
+    if target in CHOICES and value not in CHOICES[target]:
+        raise UserError(f"{where}: {key} must be one of {', '.join(CHOICES[target])}; got {value!r}")
     return value
 
 
-def derive_batch(cfg: TrainConfig, explicit: set[str]) -> None:
-    """build-nanogpt's total_batch_size (tokens per step) sets gradient_accumulation_steps (summed over ranks)."""
-    if cfg.total_batch_size <= 0:
-        return
-    per_micro = cfg.batch_size * cfg.block_size
-    if per_micro <= 0 or cfg.total_batch_size % per_micro:
+def derived_accumulation(values: dict[str, Any], explicit: set[str]) -> int:
+    """gradient_accumulation_steps (summed over ranks), or what build-nanogpt's total_batch_size (tokens per
+    step) makes of it."""
+    total, accum = values["total_batch_size"], values["gradient_accumulation_steps"]
+    if total <= 0:
+        return accum
+    batch, block = values["batch_size"], values["block_size"]
+    per_micro = batch * block
+    if per_micro <= 0 or total % per_micro:
         raise UserError(
-            f"--total_batch_size={cfg.total_batch_size} is not a multiple of batch_size * block_size = "
-            f"{cfg.batch_size} * {cfg.block_size} = {per_micro}; change one of them"
+            f"--total_batch_size={total} is not a multiple of batch_size * block_size = "
+            f"{batch} * {block} = {per_micro}; change one of them"
         )
-    steps = cfg.total_batch_size // per_micro
-    if "gradient_accumulation_steps" in explicit and cfg.gradient_accumulation_steps != steps:
+    steps = total // per_micro
+    if "gradient_accumulation_steps" in explicit and accum != steps:
         raise UserError(
-            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} contradicts total_batch_size="
-            f"{cfg.total_batch_size} (which gives {steps}); set only one of them"
+            f"gradient_accumulation_steps={accum} contradicts total_batch_size="
+            f"{total} (which gives {steps}); set only one of them"
         )
-    cfg.gradient_accumulation_steps = steps
+    return steps
 
 
 def validate(cfg: TrainConfig) -> None:
     """Checks that need no data or device: each names the key and what would be accepted."""
-    positive = ["batch_size", "block_size", "n_layer", "n_head", "n_embd", "gradient_accumulation_steps",
-                "eval_interval", "log_interval", "eval_iters", "num_samples", "sample_tokens", "max_bad_steps"]
+    positive = [
+        "batch_size",
+        "block_size",
+        "n_layer",
+        "n_head",
+        "n_embd",
+        "gradient_accumulation_steps",
+        "eval_interval",
+        "log_interval",
+        "eval_iters",
+        "num_samples",
+        "sample_tokens",
+        "max_bad_steps",
+    ]
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise UserError(f"--{key} must be a positive integer, got {getattr(cfg, key)}")
-    for key in ["learning_rate", "min_lr", "weight_decay", "grad_clip", "max_iters", "warmup_iters",
-                "lr_decay_iters", "peak_flops", "total_batch_size", "sample_interval", "hellaswag_interval",
-                "hellaswag_limit", "ckpt_interval", "keep_last"]:
+    for key in [
+        "learning_rate",
+        "min_lr",
+        "weight_decay",
+        "grad_clip",
+        "max_iters",
+        "warmup_iters",
+        "lr_decay_iters",
+        "peak_flops",
+        "total_batch_size",
+        "sample_interval",
+        "hellaswag_interval",
+        "hellaswag_limit",
+        "ckpt_interval",
+        "keep_last",
+    ]:
         if getattr(cfg, key) < 0:
             raise UserError(f"--{key} must not be negative, got {getattr(cfg, key)}")
     for key, f in FIELDS.items():
         if f.type == "float" and not math.isfinite(getattr(cfg, key)):
             raise UserError(f"--{key} must be a finite number, got {getattr(cfg, key)}")
     if cfg.n_embd % cfg.n_head:
-        raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head} (each head gets n_embd / "
-                        "n_head channels); change --n_embd or --n_head")
+        raise UserError(
+            f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head} (each head gets n_embd / "
+            "n_head channels); change --n_embd or --n_head"
+        )
     if not 0.0 <= cfg.decay_frac <= 1.0:
-        raise UserError(f"--decay_frac must be in [0, 1] (the share of lr_decay_iters spent decaying), got "
-                        f"{cfg.decay_frac}")
+        raise UserError(
+            f"--decay_frac must be in [0, 1] (the share of lr_decay_iters spent decaying), got {cfg.decay_frac}"
+        )
     if not 0.0 <= cfg.dropout < 1.0:
         raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     for key in ("beta1", "beta2"):
@@ -396,19 +376,4 @@ def help_text() -> str:
     lines = []
     for name, f in FIELDS.items():
         lines.append(f"  --{name}={getattr(default, name)!r}  ({f.type})\n      {f.metadata['doc']}")
-    return "\n".join(lines)
-
-
-def alias_help() -> str:
-    """build-nanogpt's flag names, for `gptforge train --help`."""
-    lines = [f"  --{alias:<18} -> {key}" for alias, key in ALIASES.items() if alias not in ("eval_freq", "logdir")]
-    lines += [
-        f"  --{'eval_freq':<18} -> eval_interval, and {' and '.join(EVAL_FREQ_ALSO)} unless given",
-        f"  --{'logdir':<18} -> out_dir, and ckpt_interval={LOGDIR_CKPT_INTERVAL} unless given (step checkpoints)",
-        "  --steps_per_epoch, --num_epochs -> max_iters = their product (one alone: the other is 1), and",
-        "                        lr_decay_iters unless given",
-        f"  {', '.join('--' + n for n in SHARED_NAMES)}: the same names here",
-        "They work in config files too (`max_lr = 6e-4`). An alias and its key given with different values in one",
-        "place (the command line, or one file) is an error naming both; otherwise the later one wins.",
-    ]
     return "\n".join(lines)

@@ -1,18 +1,6 @@
-"""One path for everything the training loop measures, fanned out to sinks.
-
-    metrics = Metrics(out_dir, enabled=env.is_main, resume_step=None)
-    metrics.log(step, "train", loss=2.31, lr=1e-3, grad_norm=0.8, ms_per_iter=31.0, tokens_per_s=24800, mfu=0.03)
-    metrics.log(step, "eval", train_loss=2.30, val_loss=2.35)   # adds train_ppl=9.97, val_ppl=10.49
-    metrics.close()
-
-Sinks: the console line (stdout), `metrics.jsonl` (one JSON object per line: step, kind, values, time),
-`log.txt` (build-nanogpt's `{step} train {loss:.6f}` / `{step} val {loss:.4f}`), `samples.jsonl` (text
-samples), and when asked wandb and TensorBoard (event files in `<out_dir>/tensorboard`).
-A fresh run starts these files empty; a run resumed at step N keeps the lines of steps before N and drops
-the rest (it evaluates step N again), so no step appears twice. Only rank 0 writes (`enabled`).
-An evaluation's losses get their perplexity beside them (`val_loss` -> `val_ppl` = exp(val_loss)), in the
-record, the console line and wandb / TensorBoard; log.txt keeps build-nanogpt's format.
-"""
+"""Everything the training loop measures, through one `log` call, fanned out to sinks: the console line,
+metrics.jsonl, log.txt (build-nanogpt's format), samples.jsonl, wandb and TensorBoard. Only rank 0 writes.
+Record kinds and resume rules: docs/ARCHITECTURE.md "Files"."""
 
 from __future__ import annotations
 
@@ -24,6 +12,7 @@ import time
 from typing import Any
 
 from gptforge.errors import UserError
+from gptforge.files import LOG, METRICS, SAMPLES, TENSORBOARD, atomic_write
 
 
 class Metrics:
@@ -37,14 +26,17 @@ class Metrics:
     ):
         """wandb: None, or dict(project=..., name=..., config=..., id=...) to log there too."""
         self.enabled = enabled
-        self.jsonl_path = os.path.join(out_dir, "metrics.jsonl")
-        self.txt_path = os.path.join(out_dir, "log.txt")
-        self.samples_path = os.path.join(out_dir, "samples.jsonl")
+        self.jsonl_path = os.path.join(out_dir, METRICS)
+        self.txt_path = os.path.join(out_dir, LOG)
+        self.samples_path = os.path.join(out_dir, SAMPLES)
         self.wandb_run = self.tb = None
         if not enabled:
             return
-        for path, parse in ((self.jsonl_path, _jsonl_step), (self.txt_path, _txt_step),
-                            (self.samples_path, _jsonl_step)):
+        for path, parse in (
+            (self.jsonl_path, _jsonl_step),
+            (self.txt_path, _txt_step),
+            (self.samples_path, _jsonl_step),
+        ):
             _keep_before(path, parse, resume_step)
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.txt = open(self.txt_path, "a", encoding="utf-8")
@@ -52,7 +44,7 @@ class Metrics:
         if wandb is not None:
             self.wandb_run = _start_wandb(**wandb)
         if tensorboard:
-            self.tb = _start_tensorboard(os.path.join(out_dir, "tensorboard"), purge_step=resume_step)
+            self.tb = _start_tensorboard(os.path.join(out_dir, TENSORBOARD), purge_step=resume_step)
 
     @property
     def wandb_id(self) -> str | None:
@@ -113,8 +105,10 @@ def _append(fh, line: str) -> None:
         fh.write(line + "\n")
         fh.flush()
     except OSError as e:  # e.g. the disk filled up: stop with the checkpoints written so far intact
-        raise UserError(f"cannot write {fh.name}: {e.strerror}; free space or choose another --out_dir, then "
-                        "continue with --init_from=resume") from None
+        raise UserError(
+            f"cannot write {fh.name}: {e.strerror}; free space or choose another --out_dir, then "
+            "continue with --init_from=resume"
+        ) from None
 
 
 def perplexity(loss: float) -> float:
@@ -171,8 +165,10 @@ def _console_line(step: int, kind: str, v: dict[str, Any]) -> str:
     if kind == "hellaswag":
         return f"step {step}: hellaswag acc_norm {v['acc_norm']:.4f}, acc {v['acc']:.4f} ({v['n']} examples)"
     if kind == "skip":
-        return (f"iter {step}: skipped, loss {v['loss']:.4g}, norm {v['grad_norm']:.4g} not finite; weights unchanged "
-                f"({v['in_a_row']} in a row, the run stops at {v['max_bad_steps']})")
+        return (
+            f"iter {step}: skipped, loss {v['loss']:.4g}, norm {v['grad_norm']:.4g} not finite; weights unchanged "
+            f"({v['in_a_row']} in a row, the run stops at {v['max_bad_steps']})"
+        )
     if kind == "end":
         return f"step {step}: done ({v.get('reason', '')})"
     return f"step {step}: {kind} " + ", ".join(f"{k} {val}" for k, val in v.items())
@@ -208,18 +204,18 @@ def _keep_before(path: str, parse, resume_step: int | None) -> None:
                 step = parse(line) if line.endswith("\n") else None  # no newline: torn by a crash mid-write
                 if step is not None and step < resume_step:
                     kept.append(line)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_write(path, "w", encoding="utf-8") as fh:
         fh.writelines(kept)
-    os.replace(tmp, path)
 
 
 def _start_tensorboard(folder: str, purge_step: int | None):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise UserError("tensorboard_log=True needs tensorboard: pip install 'gptforge[tensorboard]', "
-                        "or set --tensorboard_log=False") from None
+        raise UserError(
+            "tensorboard_log=True needs tensorboard: pip install 'gptforge[tensorboard]', "
+            "or set --tensorboard_log=False"
+        ) from None
     # purge_step drops events a resumed run is about to write again
     return SummaryWriter(log_dir=folder, purge_step=purge_step)
 

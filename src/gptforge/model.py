@@ -1,17 +1,12 @@
-"""The GPT-2 model: token + position embeddings, pre-LayerNorm transformer blocks, weight-tied LM head.
-
-Parameter names follow OpenAI's GPT-2 / Hugging Face (`transformer.wte`, `transformer.h.0.attn.c_attn`, ...)
-so that nanoGPT checkpoints and HF weights map onto it one to one. Torch only; nothing else of the package.
-
-    model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65))
-    logits, loss = model(idx, targets)          # idx, targets: (B, T) int64
-    out = model.generate(idx, max_new_tokens=100, temperature=0.8, top_k=200)
-"""
+"""The GPT-2 model: token + position embeddings, pre-LayerNorm blocks, a weight-tied LM head, KV-cache generation.
+Parameter names are OpenAI's / Hugging Face's (`transformer.h.0.attn.c_attn`, ...), so nanoGPT checkpoints and HF
+weights map onto it one to one. Torch only; nothing else of the package."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -31,6 +26,12 @@ class GPTConfig:
 
 # The GPTConfig fields a checkpoint's `model_args` must fix (dropout may change between runs).
 MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
+
+
+def model_args(settings: Any, vocab_size: int) -> dict[str, Any]:
+    """The MODEL_ARGS of a new model: its shape from `settings` (a TrainConfig), its vocabulary from the data
+    (model_vocab_size)."""
+    return {**{k: getattr(settings, k) for k in MODEL_ARGS if k != "vocab_size"}, "vocab_size": vocab_size}
 
 
 class KVCache:

@@ -1,8 +1,8 @@
 """AdamW with decoupled weight decay on matrices only, the learning-rate schedule, and gradient accumulation.
 
-    optimizer = configure_optimizer(model, weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95), device_type="cuda")
-    lr = get_lr(it, learning_rate=6e-4, warmup_iters=2000, lr_decay_iters=600000, min_lr=6e-5)  # cosine
-    lr = get_lr(it, 6e-4, 2000, 600000, 6e-5, schedule="wsd", decay_frac=0.2)  # warmup-stable-decay
+optimizer = configure_optimizer(model, weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95), device_type="cuda")
+lr = get_lr(it, learning_rate=6e-4, warmup_iters=2000, lr_decay_iters=600000, min_lr=6e-5)  # cosine
+lr = get_lr(it, 6e-4, 2000, 600000, 6e-5, schedule="wsd", decay_frac=0.2)  # warmup-stable-decay
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from gptforge.config import CHOICES
 
 
 def configure_optimizer(
@@ -31,7 +33,7 @@ def configure_optimizer(
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
 
 
-SCHEDULES = ("cosine", "linear", "constant", "wsd")
+SCHEDULES = CHOICES["lr_schedule"]
 
 
 def get_lr(

@@ -1,31 +1,24 @@
-"""Sample text from a trained run.
-
-    gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=200
-    gptforge sample --ckpt=log/model_05000.pt          # any checkpoint file: a step checkpoint, a copy elsewhere
-
-Prints each sample to stdout followed by a line of dashes, and nothing else on stdout (information goes to
-stderr), so the output can be piped. The tokenizer comes from the checkpoint (gptforge stores it); for a
-nanoGPT checkpoint, from the dataset folder named in its config (meta.pkl / meta.json), else GPT-2 BPE.
-"""
+"""`gptforge sample`: continuations of a prompt from a run's checkpoint or GPT-2's weights, streamed to stdout
+(information goes to stderr, so the output can be piped); and Sampler, the samples drawn during training."""
 
 from __future__ import annotations
 
 import math
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from gptforge.checkpoint import load_checkpoint, load_model_state
+from gptforge.checkpoint import load_model
 from gptforge.config import FIELDS, TrainConfig
-from gptforge.data.loader import read_meta
+from gptforge.console import log
 from gptforge.data.sources import read_txt
-from gptforge.distributed import DistEnv, autocast_context, resolve_device, resolve_dtype
+from gptforge.device import autocast_context, device_type, resolve_device, resolve_dtype
+from gptforge.distributed import DistEnv
 from gptforge.errors import UserError
-from gptforge.model import GPT, MODEL_ARGS, GPTConfig
-from gptforge.tokenizer import Tokenizer, from_spec, tokenizer_spec
+from gptforge.model import GPT
+from gptforge.tokenizer import from_spec, tokenizer_spec
 
 SEPARATOR = "---------------"
 
@@ -48,67 +41,12 @@ class SampleArgs:
     use_cache: bool = True
 
 
-def load_run(out_dir: str, device: str) -> tuple[GPT, Tokenizer]:
-    """The model of `<out_dir>/ckpt.pt` in eval mode on `device`, and the tokenizer it was trained with."""
-    model, tok, _ = load_checkpoint_model(os.path.join(out_dir, "ckpt.pt"), device)
-    return model, tok
-
-
-def checkpoint_path(out_dir: str, ckpt: str | None = None) -> str:
-    """The checkpoint file to read: `ckpt` (--ckpt, e.g. out/model_05000.pt) when given, else <out_dir>/ckpt.pt."""
-    if not ckpt:
-        return os.path.join(out_dir, "ckpt.pt")
-    if os.path.isdir(ckpt):
-        raise UserError(f"--ckpt={ckpt} is a folder: --ckpt names a checkpoint file (such as "
-                        f"{os.path.join(ckpt, 'ckpt.pt')}); a run folder goes to --out_dir")
-    if not os.path.isfile(ckpt):
-        raise UserError(f"--ckpt={ckpt}: no such checkpoint file (a run's ckpt.pt, or a step checkpoint "
-                        "model_NNNNN.pt)")
-    return ckpt
-
-
-def load_checkpoint_model(path: str, device: str) -> tuple[GPT, Tokenizer, dict]:
-    """A checkpoint file's model (eval mode, on `device`), its tokenizer, and the checkpoint itself."""
-    ckpt = load_checkpoint(path, map_location="cpu")
-    model = GPT(GPTConfig(**{k: ckpt["model_args"][k] for k in MODEL_ARGS}, dropout=0.0))
-    load_model_state(model, ckpt["model"], path)
-    model.eval().to(device)
-    return model, checkpoint_tokenizer(ckpt), ckpt
-
-
-def checkpoint_tokenizer(ckpt: dict) -> Tokenizer:
-    if ckpt.get("tokenizer"):
-        return from_spec(ckpt["tokenizer"])
-    config = ckpt.get("config") or {}
-    if "dataset" in config:  # nanoGPT: the dataset folder's meta.pkl, if it is still where it was
-        folder = os.path.join(config.get("data_dir", "data"), config["dataset"])
-        if os.path.isdir(folder):
-            meta = read_meta(folder)
-            return from_spec(meta)
-    print("no tokenizer recorded in the checkpoint and no dataset meta found: assuming GPT-2 BPE", file=sys.stderr)
-    return from_spec({"tokenizer": "gpt2"})
-
-
 def read_start(start: str) -> str:
     """--start is the prompt itself, or FILE:path to read it from a file."""
     if not start.startswith("FILE:"):
         return start
     path = start[len("FILE:") :]
     return read_txt(path, f"--start=FILE:{path}")
-
-
-def load_model(args: SampleArgs, device: str) -> tuple[GPT, Tokenizer]:
-    """The model and tokenizer args name: a checkpoint (--ckpt, else <out_dir>/ckpt.pt) or GPT-2 weights."""
-    if args.ckpt and args.init_from != "resume":
-        raise UserError(f"--ckpt={args.ckpt} and --init_from={args.init_from} each name the model to load; "
-                        "give one of them")
-    if args.init_from == "resume":
-        model, tok, _ = load_checkpoint_model(checkpoint_path(args.out_dir, args.ckpt), device)
-        return model, tok
-    from gptforge.pretrained import load_pretrained
-
-    model, _ = load_pretrained(args.init_from)
-    return model.eval().to(device), from_spec({"tokenizer": "gpt2"})
 
 
 def sample(args: SampleArgs, out=None) -> list[str]:
@@ -128,8 +66,8 @@ def sample(args: SampleArgs, out=None) -> list[str]:
     if not 0.0 < args.top_p <= 1.0:
         raise UserError(f"--top_p must be in (0, 1], got {args.top_p} (1 = off)")
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device.split(":")[0])
-    model, tok = load_model(args, device)
+    dtype = resolve_dtype(args.dtype, device_type(device))
+    model, tok, _ = load_model(args.out_dir, args.ckpt, args.init_from, device)
     start = read_start(args.start)
     try:
         prompt = tok.encode(start)
@@ -141,27 +79,35 @@ def sample(args: SampleArgs, out=None) -> list[str]:
         prompt = [tok.eot_token]
     if args.stop_token >= model.config.vocab_size:
         raise UserError(f"--stop_token={args.stop_token} is not below the model's vocab_size {model.config.vocab_size}")
-    print(f"generating {args.num_samples} sample(s) of up to {args.max_new_tokens} tokens on {device} ({dtype}"
-          f"{', KV cache' if args.use_cache else ''})", file=sys.stderr, flush=True)
+    log(
+        f"generating {args.num_samples} sample(s) of up to {args.max_new_tokens} tokens on {device} ({dtype}"
+        f"{', KV cache' if args.use_cache else ''})"
+    )
     texts = []
     for i in range(args.num_samples):
         generator = torch.Generator(device=device).manual_seed(args.seed + i)
         idx = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
         ids, shown = list(prompt), start if tok.decode(prompt) == start else tok.decode(prompt)
         out.write(shown)
-        with autocast_context(device.split(":")[0], dtype):
-            for token in model.generate_stream(idx, args.max_new_tokens, temperature=args.temperature,
-                                               top_k=args.top_k or None, top_p=args.top_p, generator=generator,
-                                               stop_token=args.stop_token if args.stop_token >= 0 else None,
-                                               use_cache=args.use_cache):
+        with autocast_context(device_type(device), dtype):
+            for token in model.generate_stream(
+                idx,
+                args.max_new_tokens,
+                temperature=args.temperature,
+                top_k=args.top_k or None,
+                top_p=args.top_p,
+                generator=generator,
+                stop_token=args.stop_token if args.stop_token >= 0 else None,
+                use_cache=args.use_cache,
+            ):
                 ids.append(int(token))
                 text = tok.decode(ids)
                 if not text.endswith("\ufffd"):  # hold back a multi-byte character until it is whole
-                    out.write(text[len(shown):])
+                    out.write(text[len(shown) :])
                     out.flush()
                     shown = text
         text = tok.decode(ids)
-        out.write(text[len(shown):] + "\n" + SEPARATOR + "\n")
+        out.write(text[len(shown) :] + "\n" + SEPARATOR + "\n")
         out.flush()
         texts.append(text)
     return texts

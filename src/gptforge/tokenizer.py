@@ -1,14 +1,6 @@
-"""Tokenizers behind one interface: CharTokenizer (a character vocabulary) and GPT2Tokenizer (tiktoken BPE).
-
-A tokenizer is described by a small plain dict, its `spec()`, stored in a dataset's meta.json and in every
-checkpoint, so `gptforge sample` finds the right one without the data folder:
-
-    {"tokenizer": "char", "itos": ["\\n", " ", "!", ...]}   or   {"tokenizer": "gpt2"}
-
-GPT-2's BPE files come through tiktoken, which downloads them once into its cache. Offline, point
-TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files, or GPTFORGE_GPT2_BPE_DIR at a folder holding
-OpenAI's `encoder.json` and `vocab.bpe` (or `r50k_base.tiktoken`).
-"""
+"""Tokenizers behind one interface: CharTokenizer (a character vocabulary) and GPT2Tokenizer (tiktoken BPE), each
+described by a plain dict, its `spec()`, stored in meta.json and every checkpoint. Offline use of GPT-2's BPE
+files (TIKTOKEN_CACHE_DIR, GPTFORGE_GPT2_BPE_DIR): README "Commands"."""
 
 from __future__ import annotations
 

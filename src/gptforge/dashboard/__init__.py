@@ -1,9 +1,6 @@
-"""The live web dashboard: a read-only view of run folders in the browser (`gptforge dashboard [FOLDER...]`).
-
-Python's standard library only, never torch or numpy: it starts at once and only reads files. `server` serves
-the page and a small JSON API; `runs` finds run folders and reads their files; `static/` holds the page (one
-HTML, one JS, one CSS file), whose charts are drawn by plotly.js from the installed `plotly` package.
-"""
+"""The live web dashboard (`gptforge dashboard [FOLDER...]`): a read-only view of run folders in the browser,
+standard library only (never torch or numpy), so it starts at once. `server` (page and JSON API), `runs` (run
+folders and their state), `records` (their files), `static/`; docs/ARCHITECTURE.md "The dashboard"."""
 
 from gptforge.dashboard.server import start_dashboard
 

@@ -1,27 +1,9 @@
-"""Run folders on disk, read without ever writing: discovery, incremental metrics reads, run state.
-
-A run folder is any folder holding `metrics.jsonl` (gptforge train writes it with `config.json`, `log.txt`,
-`ckpt.pt`, and later `samples.jsonl`). The dashboard's server asks a `RunIndex` for the runs under the folders
-it was given and reads each run's files through the `Run` it returns; nothing here takes a path from a client.
-
-State of a run (`Run.state()`), decided from the files alone:
-  finished  a `{"kind": "end"}` line, or an eval line at step >= config.json's max_iters (train's last step
-            always evaluates, so this line is the last thing a complete run writes)
-  running   otherwise, metrics.jsonl changed within RUNNING_WINDOW_S seconds (or 3 x the usual gap between
-            its recent lines, when lines come slower than that: a big log_interval on a slow machine)
-  stopped   otherwise, and ckpt.pt is newer than the last line: the run was interrupted (Ctrl-C, SIGTERM) and
-            saved a checkpoint on the way out; `--init_from=resume` continues it
-  crashed   otherwise: no new line for a while and no checkpoint after the last one
-  missing   metrics.jsonl is gone (the folder was deleted or renamed while watched)
-
-Skipped steps: train writes `{"kind": "skip", "loss": NaN, "grad_norm": NaN, "in_a_row": k, "max_bad_steps": m}`
-for a step whose loss or gradient norm was not finite (the weights stay as they were), and stops after m such
-steps in a row without an `end` line. The summary counts them (`skipped`) and keeps the last one (`last_skip`).
-"""
+"""The runs under the watched folders: discovery (RunIndex, find_run_folders), each run's summary, kept up to date
+from the new bytes of metrics.jsonl, and its state. Reads only; no path comes from a client. The state rule is
+README's "Dashboard" table; the rest is docs/ARCHITECTURE.md, "The dashboard"."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -31,166 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-METRICS = "metrics.jsonl"
-CONFIG = "config.json"
-SAMPLES = "samples.jsonl"
-CHECKPOINT = "ckpt.pt"
+from gptforge.dashboard.records import file_id, open_at, parse_line, read_json, read_lines
+from gptforge.files import CKPT, CONFIG, METRICS, SAMPLES
 
 MAX_DEPTH = 3  # a run folder, a folder of runs, a sweep of folders of runs, one more level
 MAX_SCAN_ENTRIES = 20_000  # per root and scan, so a dashboard started in $HOME does not crawl the disk
 SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "wandb"}
-MAX_LINE = 1 << 20  # bytes; a longer metrics line is skipped (a metrics line is ~200 bytes)
-MAX_READ = 4 << 20  # bytes of metrics.jsonl read per request; the client asks again for the rest
-MAX_SMALL_FILE = 1 << 20  # config.json larger than this is not read
-SAMPLES_TAIL = 1 << 20  # bytes read from the end of samples.jsonl
 RUNNING_WINDOW_S = 60.0
-
-
-def clean(value: Any) -> Any:
-    """JSON-safe copy: NaN and infinities (metrics.py writes them with allow_nan) become None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [clean(v) for v in value]
-    return value
-
-
-def parse_line(raw: bytes) -> dict[str, Any] | None:
-    """One metrics.jsonl line -> a record with an int `step` and a str `kind`, or None if it is not one."""
-    if len(raw) > MAX_LINE:
-        return None
-    try:
-        record = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
-        return None
-    step = record.get("step")
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
-        return None
-    record["step"] = int(step)
-    return clean(record)
-
-
-def file_id(st: os.stat_result) -> str:
-    """Names one version of a file: train rewrites metrics.jsonl through a rename, which changes the inode."""
-    return f"{st.st_dev:x}-{st.st_ino:x}"
-
-
-@dataclass
-class Chunk:
-    """The records read from metrics.jsonl between `start` and `offset` (bytes)."""
-
-    records: list[dict[str, Any]]
-    offset: int  # where the next read starts: after the last complete line read
-    file: str  # file_id of the file read; when it changes, the client starts again from 0
-    size: int  # bytes in the file now
-    skipped: int = 0  # malformed or oversized lines passed over
-    reset: bool = False  # the client's offset or file id did not match this file: read from 0
-
-    @property
-    def more(self) -> bool:
-        return self.offset < self.size
-
-
-def read_lines(fh, offset: int, limit: int = MAX_READ) -> tuple[list[bytes], int, int]:
-    """Complete lines of an open binary file from byte `offset`, about `limit` bytes of them at most.
-
-    Returns (lines, offset after the last one, oversized lines passed over). A partial last line (being
-    written) is left for the next read. A line over MAX_LINE bytes is skipped whole, even when its end is not
-    written yet: the next read resumes mid-line and that rest fails to parse.
-    """
-    fh.seek(offset)
-    lines: list[bytes] = []
-    oversized = 0
-    read = 0
-    while read < limit:
-        line = fh.readline(MAX_LINE + 1)
-        if not line:
-            break
-        if not line.endswith(b"\n"):
-            if len(line) <= MAX_LINE:
-                break  # still being written
-            oversized += 1  # skip to the end of the line, or of the file for now
-            read += len(line)
-            while line and not line.endswith(b"\n"):
-                line = fh.readline(MAX_LINE)
-                read += len(line)
-            offset = fh.tell()
-            continue
-        read += len(line)
-        offset += len(line)
-        if line.strip():
-            lines.append(line)
-    return lines, offset, oversized
-
-
-def open_at(path: str, offset: int, file: str | None):
-    """(binary file, its stat, start offset, reset): reset when `file` names another file or offset is past its end.
-
-    Raises OSError (FileNotFoundError when the run was deleted).
-    """
-    fh = open(path, "rb")
-    st = os.fstat(fh.fileno())
-    reset = offset < 0 or offset > st.st_size or (file is not None and file != file_id(st))
-    return fh, st, 0 if reset else offset, reset
-
-
-def read_records(path: str, offset: int = 0, file: str | None = None, limit: int = MAX_READ) -> Chunk:
-    """The records of a metrics.jsonl from byte `offset` (see read_lines); malformed lines are counted, not kept.
-
-    `file` is the file id of the previous read: a different file (a new run renamed in) restarts from 0.
-    Raises OSError (FileNotFoundError when the run was deleted).
-    """
-    fh, st, offset, reset = open_at(path, offset, file)
-    with fh:
-        lines, offset, skipped = read_lines(fh, offset, limit)
-    records = []
-    for line in lines:
-        record = parse_line(line)
-        if record is None:
-            skipped += 1
-        else:
-            records.append(record)
-    return Chunk(records, offset, file_id(st), st.st_size, skipped, reset)
-
-
-def read_json(path: str) -> Any:
-    """A small JSON file, or None when it is missing, too big or malformed."""
-    try:
-        if os.path.getsize(path) > MAX_SMALL_FILE:
-            return None
-        with open(path, "rb") as fh:
-            return clean(json.loads(fh.read()))
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return None
-
-
-def read_samples(path: str, limit: int = 20) -> list[dict[str, Any]]:
-    """The last `limit` objects of samples.jsonl (one JSON object per line), read from its last megabyte."""
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - SAMPLES_TAIL))
-            data = fh.read(SAMPLES_TAIL)
-    except OSError:
-        return []
-    lines = data.split(b"\n")
-    if size > SAMPLES_TAIL:
-        lines = lines[1:]  # the first piece may be the end of a line cut by the seek
-    out: list[dict[str, Any]] = []
-    for line in reversed(lines):
-        if len(out) >= limit:
-            break
-        try:
-            obj = json.loads(line)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            continue
-        if isinstance(obj, dict):
-            out.append(clean(obj))
-    return out[::-1]
 
 
 @dataclass
@@ -256,7 +85,7 @@ class Run:
         self.lock = threading.Lock()
 
     def file(self, name: str) -> str:
-        assert name in (METRICS, CONFIG, SAMPLES, CHECKPOINT), name  # the only files the dashboard reads
+        assert name in (METRICS, CONFIG, SAMPLES, CKPT), name  # the only files the dashboard reads
         return os.path.join(self.path, name)
 
     def exists(self) -> bool:
@@ -287,24 +116,26 @@ class Run:
                 return None
 
     def state(self, st: os.stat_result | None, cfg: dict[str, Any] | None, now: float) -> str:
-        """running / finished / stopped / crashed / missing: the rule in this module's docstring."""
+        """running / finished / stopped / crashed / missing, from the files alone: README's "Dashboard" table."""
         if st is None:
-            return "missing"
+            return "missing"  # metrics.jsonl is gone: the folder was deleted or renamed while watched
         s = self.summary
         max_iters = cfg.get("max_iters") if cfg else None
+        # train's last step always evaluates, so that eval line is the last thing a complete run writes
         if s.ended or (
             s.last_eval is not None and isinstance(max_iters, (int, float)) and s.last_eval["step"] >= max_iters
         ):
             return "finished"
         window = RUNNING_WINDOW_S
-        if len(s.gaps) >= 3:
+        if len(s.gaps) >= 3:  # lines may come slower than the window: a big log_interval on a slow machine
             window = max(window, 3 * statistics.median(s.gaps))
         if now - st.st_mtime <= window:
             return "running"
         try:
-            ckpt_mtime = os.stat(self.file(CHECKPOINT)).st_mtime
+            ckpt_mtime = os.stat(self.file(CKPT)).st_mtime
         except OSError:
             ckpt_mtime = None
+        # a checkpoint after the last line: interrupted (Ctrl-C, SIGTERM) and saved on the way out, resumable
         return "stopped" if ckpt_mtime is not None and ckpt_mtime >= st.st_mtime - 1.0 else "crashed"
 
     def describe(self, now: float) -> dict[str, Any]:
@@ -336,7 +167,8 @@ class Run:
             "best_val_loss": s.best_val,
             "skipped": s.skipped,
             "last_skip": {k: s.last_skip.get(k) for k in ("step", "loss", "grad_norm", "in_a_row", "max_bad_steps")}
-            if s.last_skip else None,
+            if s.last_skip
+            else None,
             "started": s.first_time,
             "updated": st.st_mtime if st is not None else None,
             "size": st.st_size if st is not None else None,
@@ -425,8 +257,12 @@ def find_run_folders(root: str, max_depth: int = MAX_DEPTH) -> list[str]:
                 try:
                     if entry.name == METRICS and entry.is_file():
                         found.append(folder)
-                    elif (depth < max_depth and entry.is_dir(follow_symlinks=False)
-                          and not entry.name.startswith(".") and entry.name not in SKIP_DIRS):
+                    elif (
+                        depth < max_depth
+                        and entry.is_dir(follow_symlinks=False)
+                        and not entry.name.startswith(".")
+                        and entry.name not in SKIP_DIRS
+                    ):
                         below.append(entry.path)
                 except OSError:
                     continue

@@ -1,24 +1,6 @@
 """The dashboard's web server: the page, its static files, plotly.js, and a read-only JSON API over run folders.
-
-    gptforge dashboard out-shakespeare-char          # one run
-    gptforge dashboard runs/ --port 0                # every run under runs/, on any free port
-    server, url = start_dashboard(["runs"])          # from Python: serves in a background thread
-
-Python's standard library only, and never torch or numpy, so it starts at once. API (GET, JSON):
-
-    /api/runs                                   {"runs": [run summary...], "roots": [...], "now": t}; a
-                                                summary counts skipped steps: "skipped", "last_skip"
-    /api/runs/<id>/metrics?offset=N&file=F      records of metrics.jsonl from byte N: {"records", "offset",
-                                                "file", "size", "more", "skipped", "reset"}; ask again with the
-                                                returned offset and file for the new lines only
-    /api/runs/<id>/config                       config.json as written by train
-    /api/runs/<id>/samples?limit=K              the last K objects of samples.jsonl
-
-`<id>` is a slug the server gave the run; the client never names a path. The only files served are the
-static files listed in STATIC, plotly.min.js from the installed plotly package, and the four files a run
-folder may hold (runs.py). Requests with `..`, a backslash or a NUL anywhere in the path are refused with 403.
-When bound to a loopback address, requests whose Host header is not a loopback name are refused too, so a web
-page elsewhere cannot read the runs through DNS rebinding.
+Standard library only, never torch or numpy, so it starts at once. Routes, fields and safety rules:
+docs/ARCHITECTURE.md, "The dashboard"; usage: README, "Dashboard".
 """
 
 from __future__ import annotations
@@ -38,8 +20,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from gptforge.dashboard.runs import METRICS, SAMPLES, RunIndex, read_records, read_samples
+from gptforge.dashboard.records import read_records, read_samples
+from gptforge.dashboard.runs import RunIndex
 from gptforge.errors import UserError
+from gptforge.files import METRICS, SAMPLES
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC = {  # URL path -> (file name in static/, content type)
@@ -50,9 +34,10 @@ STATIC = {  # URL path -> (file name in static/, content type)
 }
 PLOTLY_URL = "/static/plotly.min.js"
 INSTALL_HINT = "pip install 'gptforge[dashboard]'"
-DEFAULT_PORT = 8765
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
-       "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+)
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -181,9 +166,17 @@ class DashboardHandler(BaseHTTPRequestHandler):
                 chunk = read_records(run.file(METRICS), offset, file)
             except OSError:
                 return self.send_json({"error": "missing", "state": "missing"}, HTTPStatus.NOT_FOUND)
-            return self.send_json({"records": chunk.records, "offset": chunk.offset, "file": chunk.file,
-                                   "size": chunk.size, "more": chunk.more, "skipped": chunk.skipped,
-                                   "reset": chunk.reset})
+            return self.send_json(
+                {
+                    "records": chunk.records,
+                    "offset": chunk.offset,
+                    "file": chunk.file,
+                    "size": chunk.size,
+                    "more": chunk.more,
+                    "skipped": chunk.skipped,
+                    "reset": chunk.reset,
+                }
+            )
         if what == "config":
             cfg = run.config()
             if cfg is None:
@@ -199,7 +192,7 @@ class DashboardHandler(BaseHTTPRequestHandler):
             return True
         host = (self.headers.get("Host") or "").strip().lower()
         if host.startswith("["):
-            name = host[1:host.find("]")] if "]" in host else host
+            name = host[1 : host.find("]")] if "]" in host else host
         else:
             name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
         return name in LOOPBACK_NAMES or _is_loopback(name)
@@ -213,8 +206,9 @@ class DashboardHandler(BaseHTTPRequestHandler):
             body = self.server.static_bytes(path, gz)
         except OSError:
             return self.send_json({"error": "not found"}, HTTPStatus.NOT_FOUND)
-        self.send_body(body, ctype, HTTPStatus.OK, {"Cache-Control": cache, **({"Content-Encoding": "gzip"} if gz
-                                                                              else {})})
+        self.send_body(
+            body, ctype, HTTPStatus.OK, {"Cache-Control": cache, **({"Content-Encoding": "gzip"} if gz else {})}
+        )
 
     def send_json(self, obj: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
         body = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
@@ -246,35 +240,40 @@ def _int(text: str, default: int) -> int:
         return default
 
 
-def make_server(folders: Sequence[str | os.PathLike], host: str = "127.0.0.1", port: int = DEFAULT_PORT
-                ) -> DashboardServer:
+def make_server(folders: Sequence[str | os.PathLike], host: str = "127.0.0.1", port: int = 0) -> DashboardServer:
     """A bound, not yet serving DashboardServer. UserError when plotly is missing or the port is taken."""
     plotly_js = find_plotly_js()
     if not 0 <= port <= 65535:
-        raise UserError(f"cannot listen on {host}:{port}: a port number is 0-65535; choose another with --port "
-                        "(--port 0 picks a free one)")
+        raise UserError(
+            f"cannot listen on {host}:{port}: a port number is 0-65535; choose another with --port "
+            "(--port 0 picks a free one)"
+        )
     try:
         return DashboardServer(folders, host, port, plotly_js)
     except OSError as e:
-        raise UserError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another with --port "
-                        "(--port 0 picks a free one) or --host") from None
+        raise UserError(
+            f"cannot listen on {host}:{port} ({e.strerror or e}); choose another with --port "
+            "(--port 0 picks a free one) or --host"
+        ) from None
 
 
-def start_dashboard(folders: Sequence[str | os.PathLike], host: str = "127.0.0.1", port: int = DEFAULT_PORT
-                    ) -> tuple[DashboardServer, str]:
+def start_dashboard(
+    folders: Sequence[str | os.PathLike], host: str = "127.0.0.1", port: int = 0
+) -> tuple[DashboardServer, str]:
     """Serve the dashboard for `folders` from a background (daemon) thread; returns (server, url).
 
-    For `gptforge train` to show its own run: `server, url = start_dashboard([cfg.out_dir], port=0)`.
+    For `gptforge train` to show its own run beside it. Port 0 (the default) is any free port.
     Folders that do not exist yet are watched until they do. Stop with `server.stop()`.
     """
     server = make_server(folders, host, port)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="gptforge-dashboard",
-                              daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="gptforge-dashboard", daemon=True
+    )
     thread.start()
     return server, server.url
 
 
-def serve(folders: Sequence[str], host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> None:
+def serve(folders: Sequence[str], host: str = "127.0.0.1", port: int = 0) -> None:
     """`gptforge dashboard`: check the folders, print the URL, serve until Ctrl-C."""
     for folder in folders:
         if not os.path.isdir(folder):
@@ -284,8 +283,11 @@ def serve(folders: Sequence[str], host: str = "127.0.0.1", port: int = DEFAULT_P
     where = ", ".join(server.index.roots)
     print(f"gptforge dashboard: {count} run(s) under {where}; open {server.url}", flush=True)
     if not server.loopback_only:
-        print("gptforge dashboard: listening beyond this machine: anyone who reaches it can read these runs",
-              file=sys.stderr, flush=True)
+        print(
+            "gptforge dashboard: listening beyond this machine: anyone who reaches it can read these runs",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

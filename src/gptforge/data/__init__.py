@@ -1,1 +1,5 @@
-"""Dataset preparation (prepare.py) and batch loading (loader.py)."""
+"""Datasets: the recipes that prepare them (prepare.py, shards.py) and the loaders that read them (loader.py).
+This module stays free of numpy and torch: the CLI reads the recipe names below to build its parser."""
+
+RECIPES = ("shakespeare_char", "shakespeare", "text")  # held in memory: data/prepare.py
+SHARD_RECIPES = ("files", "openwebtext", "fineweb_edu")  # streamed into token shards: data/shards.py

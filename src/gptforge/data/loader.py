@@ -1,13 +1,5 @@
-"""Reading prepared datasets: meta.json (or nanoGPT's meta.pkl) and batches of token windows.
-
-A dataset folder `<data_dir>/<dataset>/` holds `train.bin` and `val.bin` (flat arrays of token ids, uint16
-when the vocabulary fits, else uint32) and `meta.json`. nanoGPT's folders (meta.pkl, or no meta at all for
-GPT-2 BPE data) are read as they are.
-
-    batches = RandomBatches("data/shakespeare_char/train.bin", batch_size=12, block_size=64,
-                            vocab_size=65, device="cpu")
-    x, y = batches.next_batch()      # (B, T) int64 each; y is x shifted left by one token
-"""
+"""Reading prepared datasets: the meta (meta.json, or nanoGPT's meta.pkl) and batches of token windows, drawn at
+random (RandomBatches, nanoGPT) or in order (ShardedBatches, build-nanogpt). Formats: docs/ARCHITECTURE.md "Files"."""
 
 from __future__ import annotations
 
@@ -20,6 +12,7 @@ import numpy as np
 import torch
 
 from gptforge.errors import UserError
+from gptforge.tokenizer import GPT2_EOT, GPT2_VOCAB
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
@@ -54,7 +47,7 @@ def read_meta(folder: str) -> dict[str, Any]:
     elif os.path.isfile(pkl):
         meta, path = _read_meta_pkl(pkl), pkl
     else:
-        meta, path = {"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "eot_token": 50256}, None
+        meta, path = {"vocab_size": GPT2_VOCAB, "tokenizer": "gpt2", "dtype": "uint16", "eot_token": GPT2_EOT}, None
     _check_token_files(folder, meta, path)
     return meta
 
@@ -171,7 +164,13 @@ class RandomBatches:
     """
 
     def __init__(
-        self, path: str, batch_size: int, block_size: int, vocab_size: int, device: str, seed: int | None = None,
+        self,
+        path: str,
+        batch_size: int,
+        block_size: int,
+        vocab_size: int,
+        device: str,
+        seed: int | None = None,
         dtype: str = "uint16",
     ):
         self.path, self.dtype = path, dtype
@@ -244,8 +243,17 @@ class ShardedBatches:
     """
 
     def __init__(
-        self, files: list[str], batch_size: int, block_size: int, vocab_size: int, device: str,
-        micro_per_rank: int = 1, rank: int = 0, world_size: int = 1, seed: int = 1337, dtype: str = "uint16",
+        self,
+        files: list[str],
+        batch_size: int,
+        block_size: int,
+        vocab_size: int,
+        device: str,
+        micro_per_rank: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 1337,
+        dtype: str = "uint16",
     ):
         assert 0 <= rank < world_size and micro_per_rank > 0, "0 <= rank < world_size, micro_per_rank > 0"
         self.files, self.dtype = files, dtype
@@ -318,3 +326,55 @@ class ShardedBatches:
             self.calls = steps * self.micro
         else:
             self.calls = int(state["calls"])
+
+
+Batches = RandomBatches | ShardedBatches
+
+
+def loader_kind(meta: dict[str, Any], choice: str = "auto") -> str:
+    """'sharded' or 'random': the data_loader setting, where 'auto' means sharded for a shard dataset."""
+    if choice == "auto":
+        return "sharded" if meta.get("format") == "shards" else "random"
+    return choice
+
+
+def make_batches(
+    folder: str,
+    meta: dict[str, Any],
+    split: str,
+    kind: str,
+    batch_size: int,
+    block_size: int,
+    vocab_size: int,
+    device: str,
+    seed: int,
+    global_rng: bool = False,
+    micro_per_rank: int = 1,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Batches:
+    """The loader of one split. Random: offsets from a private generator seeded with `seed`, or with `global_rng`
+    from torch's global generator (training: nanoGPT's stream). Sharded: `seed` shuffles the shards per epoch,
+    and the ranks read disjoint parts of one global order."""
+    if kind == "sharded":
+        return ShardedBatches(
+            split_files(folder, split, meta),
+            batch_size,
+            block_size,
+            vocab_size,
+            device,
+            micro_per_rank,
+            rank,
+            world_size,
+            seed,
+            meta["dtype"],
+        )
+    return RandomBatches(
+        os.path.join(folder, f"{split}.bin"),
+        batch_size,
+        block_size,
+        vocab_size,
+        device,
+        seed=None if global_rng else seed,
+        dtype=meta["dtype"],
+    )

@@ -1,37 +1,25 @@
-"""Dataset recipes: raw text in, `train.bin` / `val.bin` / `meta.json` out (see data/loader.py for the format).
-
-    gptforge prepare shakespeare_char [--input PATH] [--data_dir DIR]   # 65 characters, ~1M train tokens
-    gptforge prepare shakespeare [--input PATH] [--data_dir DIR]        # GPT-2 BPE, ~302k train tokens
-    gptforge prepare text FILE... --name NAME [--tokenizer char|gpt2]   # your own text
-
-The Shakespeare recipes use Tiny Shakespeare: `--input PATH` if given, else `input.txt` already in the dataset
-folder, else a download from karpathy/char-rnn. The first 90% of the text trains, the last 10% validates.
-Every file is written under a temporary name and renamed into place, meta.json last, so an interrupted run
-never leaves a truncated dataset that looks whole. Corpora too big for memory (files, openwebtext,
-fineweb_edu) go through data/shards.py instead, into token shards.
-"""
+"""Dataset recipes held in memory (shakespeare_char, shakespeare, text): text in, train.bin / val.bin / meta.json
+out. Commands in README.md; the format and the write order in docs/ARCHITECTURE.md, "Files"."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import sys
-import urllib.request
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
+from gptforge.console import log
+from gptforge.data import RECIPES
 from gptforge.data.sources import read_txt
 from gptforge.errors import UserError
+from gptforge.files import atomic_write, download
 from gptforge.tokenizer import CharTokenizer, GPT2Tokenizer
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-RECIPES = ("shakespeare_char", "shakespeare", "text")
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+OFFLINE_HINT = "Pass --input PATH to a local copy of the file"
 
 
 def prepare(
@@ -48,7 +36,7 @@ def prepare(
         raise UserError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     if recipe in ("shakespeare_char", "shakespeare"):
         folder = os.path.join(data_dir, recipe)
-        text = read_text(shakespeare_input(folder, input_path))
+        text = read_txt(existing(shakespeare_input(folder, input_path)))
         n_train = int(len(text) * (1.0 - val_fraction))
         tok = CharTokenizer.from_text(text) if recipe == "shakespeare_char" else GPT2Tokenizer()
         train, val = tok.encode(text[:n_train]), tok.encode(text[n_train:])
@@ -58,7 +46,7 @@ def prepare(
         if tokenizer not in ("char", "gpt2"):
             raise UserError(f"--tokenizer must be 'char' or 'gpt2', got {tokenizer!r}")
         folder = os.path.join(data_dir, name)
-        docs = [read_text(f) for f in files]
+        docs = [read_txt(existing(f)) for f in files]
         if tokenizer == "char":
             tok = CharTokenizer.from_text("".join(docs))
             ids = tok.encode("".join(docs))
@@ -71,8 +59,10 @@ def prepare(
         raise UserError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
     if not train or not val:
         source = ", ".join(map(str, files)) if recipe == "text" else input_path or os.path.join(folder, "input.txt")
-        raise UserError(f"too little text in {source}: {len(train)} train and {len(val)} val tokens; give more text "
-                        f"(or another --val_fraction than {val_fraction})")
+        raise UserError(
+            f"too little text in {source}: {len(train)} train and {len(val)} val tokens; give more text "
+            f"(or another --val_fraction than {val_fraction})"
+        )
     meta = {
         "vocab_size": tok.vocab_size,
         **tok.spec(),
@@ -87,62 +77,40 @@ def prepare(
 
 
 def shakespeare_input(folder: str, input_path: str | None) -> str:
+    """Tiny Shakespeare's path: --input, else input.txt in the dataset folder, else that file downloaded first."""
     if input_path:
         return input_path
     local = os.path.join(folder, "input.txt")
     if not os.path.isfile(local):
-        download(SHAKESPEARE_URL, local)
+        download(SHAKESPEARE_URL, local, OFFLINE_HINT)
     return local
 
 
-def download(url: str, dest: str) -> None:
-    """Fetch url into dest atomically (a partial download never takes dest's name)."""
-    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-    tmp = dest + ".part"
-    log(f"downloading {url}")
-    try:
-        with urllib.request.urlopen(url, timeout=30) as resp, open(tmp, "wb") as out:
-            while chunk := resp.read(1 << 20):
-                out.write(chunk)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise UserError(
-            f"could not download {url} ({e}). Offline? Pass --input PATH to a local copy of the file"
-        ) from None
-    os.replace(tmp, dest)
-
-
-def read_text(path: str) -> str:
+def existing(path: str) -> str:
+    """`path` when it exists: a missing input is named as such, not as a file that cannot be read."""
     if not os.path.exists(path):
         raise UserError(f"input file {path!r} not found")
-    return read_txt(path)
+    return path
 
 
 def write_dataset(folder: str, splits: dict[str, Sequence[int]], meta: dict[str, Any]) -> None:
-    """Write every split and meta.json under temporary names, then rename them into place, meta.json last."""
-    contents = {f"{split}.bin": np.asarray(ids, dtype=meta["dtype"]).tobytes() for split, ids in splits.items()}
-    contents["meta.json"] = (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")
-    staged = []
+    """Write every split and meta.json, meta.json renamed last; a failed write leaves the old files as they were."""
+    # meta.json first: nested atomic_write blocks rename in reverse order, so it takes its name last
+    contents = {"meta.json": (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")}
+    contents |= {f"{split}.bin": np.asarray(ids, dtype=meta["dtype"]).tobytes() for split, ids in splits.items()}
     try:
         os.makedirs(folder, exist_ok=True)
-        for name, data in contents.items():
-            final = os.path.join(folder, name)
-            staged.append((final + ".tmp", final))
-            write_file(final + ".tmp", data)
+        with contextlib.ExitStack() as staged:
+            for name, data in contents.items():
+                write_file(staged.enter_context(atomic_write(os.path.join(folder, name))), data)
     except OSError as e:
-        for tmp, _ in staged:
-            if os.path.exists(tmp):
-                os.remove(tmp)
         raise UserError(
             f"cannot write the dataset into {folder!r}: {e.strerror}; check the folder and free space"
         ) from None
-    for tmp, final in staged:
-        os.replace(tmp, final)
 
 
-def write_file(path: str, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+def write_file(fh: IO[bytes], data: bytes) -> None:
+    # flushed and synced here so that a full disk fails while nothing has been renamed yet
+    fh.write(data)
+    fh.flush()
+    os.fsync(fh.fileno())

@@ -1,20 +1,6 @@
-"""Corpora too big for memory: documents in, GPT-2 token shards out (build-nanogpt's fineweb.py as a tool).
-
-    gptforge prepare files corpus/ more.jsonl.gz --name web --shard_size 100000000 --val_tokens 1000000
-    gptforge prepare openwebtext [--input PATH]          # Hugging Face "openwebtext"
-    gptforge prepare fineweb_edu [--input PATH]          # Hugging Face "HuggingFaceFW/fineweb-edu", sample-10BT
-
-Writes `<data_dir>/<name>/<name>_<split>_<NNNNNN>.bin`: flat little-endian uint16 GPT-2 token ids, every
-document preceded by the end-of-text token 50256, in input order. Every shard holds exactly `shard_size`
-tokens except the last of its split. The first documents go to `val` until it holds `val_tokens` tokens,
-the rest to `train`. `meta.json` ({"format": "shards", "shards": {...}, "tokens", "documents", ...}) is
-written last.
-
-Documents are tokenized in `num_proc` worker processes. Each shard is written under a `.tmp` name, fsynced
-and renamed, then `.prepare_state.json` records what is done (shards and the position in the document
-stream), so a killed run leaves only whole shards; running the same command again resumes after the last
-whole shard, and the result is byte-identical to an uninterrupted run. Changed inputs or options start over.
-"""
+"""Corpora too big for memory (files, openwebtext, fineweb_edu): documents in, GPT-2 token shards out, resumable
+after a crash (build-nanogpt's fineweb.py as a tool). Commands in README.md, "Data at scale"; the shard format
+and how a killed run resumes in docs/ARCHITECTURE.md, "Files"."""
 
 from __future__ import annotations
 
@@ -23,7 +9,6 @@ import itertools
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from collections import deque
@@ -33,22 +18,17 @@ from typing import Any
 
 import numpy as np
 
+from gptforge.console import log, progress
+from gptforge.data import SHARD_RECIPES
 from gptforge.data.sources import Source, files_source, hub_source
 from gptforge.errors import UserError
-from gptforge.tokenizer import GPT2Tokenizer
+from gptforge.files import atomic_write, write_bytes
+from gptforge.tokenizer import GPT2_EOT, GPT2_VOCAB, GPT2Tokenizer
 
-SHARD_RECIPES = ("files", "openwebtext", "fineweb_edu")
-EOT = 50256
 STATE_FILE = ".prepare_state.json"
 STATE_VERSION = 1
 TOKEN_DTYPE = np.dtype("<u2")  # GPT-2's 50,257 ids fit in 16 bits; little-endian on every machine
 CHUNK_CHARS = 1 << 20  # text per task sent to a worker: big enough to amortise the pickling, small for memory
-# Fault injection for the crash-safety tests: SIGKILL this process halfway through writing shard number N.
-FAULT_ENV = "GPTFORGE_FAULT_SHARD"
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def prepare_shards(
@@ -81,13 +61,20 @@ def prepare_shards(
             raise UserError(f"recipe {recipe!r} takes no PATH arguments; use --input PATH for a local copy")
         name = name or recipe
         source = hub_source(recipe, input_path, text_field)
-    options = {"version": STATE_VERSION, "recipe": recipe, "source": source.fingerprint, "text_field": text_field,
-               "shard_size": shard_size, "val_tokens": val_tokens, "tokenizer": "gpt2"}
+    options = {
+        "version": STATE_VERSION,
+        "recipe": recipe,
+        "source": source.fingerprint,
+        "text_field": text_field,
+        "shard_size": shard_size,
+        "val_tokens": val_tokens,
+        "tokenizer": "gpt2",
+    }
     folder = os.path.join(data_dir, name)
     return ShardWriter(folder, name, options, shard_size, val_tokens).run(source, num_proc)
 
 
-# ---------------------------------------------------------------------------------------------- sources
+# ---------------------------------------------------------------------------------------------- tokenizing
 
 
 def _init_worker(parent: int) -> None:
@@ -116,7 +103,7 @@ def encode_chunk(docs: list[str], tok: GPT2Tokenizer | None = None) -> tuple[np.
     tokens = np.empty(int(lengths.sum()), dtype=TOKEN_DTYPE)
     pos = 0
     for ids in encoded:
-        tokens[pos] = EOT
+        tokens[pos] = GPT2_EOT
         tokens[pos + 1 : pos + 1 + len(ids)] = ids
         pos += len(ids) + 1
     return tokens, lengths
@@ -174,7 +161,6 @@ class ShardWriter:
     def __init__(self, folder: str, name: str, options: dict[str, Any], shard_size: int, val_tokens: int):
         self.folder, self.name, self.options = folder, name, options
         self.shard_size, self.val_tokens = shard_size, val_tokens
-        self.fault_at = int(os.environ.get(FAULT_ENV, "-1"))
 
     def run(self, source: Source, num_proc: int) -> dict[str, Any]:
         try:
@@ -187,8 +173,10 @@ class ShardWriter:
             return self.write_meta(state, source)
         self.remove_stale_files(state)
         if state.shards["val"] or state.shards["train"]:
-            log(f"resuming {self.folder}: {len(state.shards['val'])} val and {len(state.shards['train'])} train "
-                f"shards done, continuing at document {state.document:,}")
+            log(
+                f"resuming {self.folder}: {len(state.shards['val'])} val and {len(state.shards['train'])} train "
+                f"shards done, continuing at document {state.document:,}"
+            )
         try:
             self.fill(state, source, num_proc)
         except KeyboardInterrupt:
@@ -198,8 +186,10 @@ class ShardWriter:
         self.save_state(state)
         meta = self.write_meta(state, source)
         for split in ("val", "train"):
-            log(f"{split}: {meta['documents'][split]:,} documents, {meta['tokens'][split]:,} tokens in "
-                f"{len(meta['shards'][split])} shards")
+            log(
+                f"{split}: {meta['documents'][split]:,} documents, {meta['tokens'][split]:,} tokens in "
+                f"{len(meta['shards'][split])} shards"
+            )
         log(f"wrote {self.folder}/{self.name}_{{val,train}}_*.bin, meta.json")
         return meta
 
@@ -213,10 +203,7 @@ class ShardWriter:
         skip = state.offset  # tokens of the first document already written
         # val so far, counting whole documents: the tokens in val shards less the carried-over part
         val_seen = state.tokens["val"] - (skip if split == "val" else 0)
-        from tqdm import tqdm
-
-        bar = tqdm(total=source.total, initial=doc, unit="doc", desc=f"tokenizing {self.name}", file=sys.stderr,
-                   mininterval=1.0, dynamic_ncols=True)
+        bar = progress(source.total, f"tokenizing {self.name}", "doc", initial=doc, mininterval=1.0)
         try:
             documents = itertools.islice(source.documents, doc, None)
             for tokens, lengths in encoded_documents(documents, num_proc):
@@ -261,18 +248,9 @@ class ShardWriter:
         index = len(state.shards[split])
         name = f"{self.name}_{split}_{index:06d}.bin"
         final = os.path.join(self.folder, name)
-        data = tokens.tobytes()
-        n_written = len(state.shards["val"]) + len(state.shards["train"])
         try:
-            with open(final + ".tmp", "wb") as fh:
-                if n_written == self.fault_at:
-                    fh.write(data[: len(data) // 2])
-                    fh.flush()
-                    os.kill(os.getpid(), signal.SIGKILL)
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(final + ".tmp", final)
+            with atomic_write(final) as fh:
+                fh.write(tokens.tobytes())
         except OSError as e:
             raise UserError(f"cannot write {final}: {e.strerror}; check free space in {self.folder}") from None
         state.shards[split].append(name)
@@ -298,8 +276,9 @@ class ShardWriter:
             return fresh
         if state.options != self.options:
             changed = sorted(k for k in {*state.options, *self.options} if state.options.get(k) != self.options.get(k))
-            log(f"{self.folder}: the inputs or options changed since the last run ({', '.join(changed)}): "
-                "starting over")
+            log(
+                f"{self.folder}: the inputs or options changed since the last run ({', '.join(changed)}): starting over"
+            )
             return fresh
         for split, names in state.shards.items():
             for i, shard in enumerate(names):
@@ -312,17 +291,20 @@ class ShardWriter:
         return state
 
     def save_state(self, state: State) -> None:
-        data = json.dumps(state.__dict__, indent=1).encode("utf-8")
-        _write_atomic(self.state_path, data)
+        write_bytes(self.state_path, json.dumps(state.__dict__, indent=1).encode("utf-8"))
 
     def remove_stale_files(self, state: State) -> None:
-        """Delete what the state does not vouch for: meta.json, .tmp files, shards of an abandoned run."""
+        """Delete what the state does not vouch for: meta.json, shards of an abandoned run, temporary files."""
         keep = set(state.shards["val"]) | set(state.shards["train"])
         folder = glob.escape(self.folder)
-        stale = [os.path.join(self.folder, "meta.json"), os.path.join(self.folder, "meta.json.tmp")]
-        for split in ("val", "train"):
-            pattern = os.path.join(folder, f"{glob.escape(self.name)}_{split}_" + "[0-9]" * 6 + ".bin")
-            stale += [p for p in glob.glob(pattern) if os.path.basename(p) not in keep] + glob.glob(pattern + ".tmp")
+        shards = [f"{glob.escape(self.name)}_{split}_" + "[0-9]" * 6 + ".bin" for split in ("val", "train")]
+        stale = [os.path.join(self.folder, "meta.json")]
+        for pattern in shards:
+            stale += [p for p in glob.glob(os.path.join(folder, pattern)) if os.path.basename(p) not in keep]
+        for pattern in [*shards, "meta.json", glob.escape(STATE_FILE)]:
+            # left by a killed writer: files.temp_path's `.<name>.<pid>.tmp`, or the `<name>.tmp` of earlier versions
+            for temporary in (f".{pattern}.*.tmp", f"{pattern}.tmp"):
+                stale += glob.glob(os.path.join(folder, temporary))
         for path in stale:
             if os.path.exists(path):
                 os.remove(path)
@@ -331,22 +313,16 @@ class ShardWriter:
     def write_meta(self, state: State, source: Source) -> dict[str, Any]:
         assert state.val_documents is not None, "meta is written only after val was closed"
         meta = {
-            "vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "eot_token": EOT, "format": "shards",
-            "shard_size": self.shard_size, "shards": state.shards, "tokens": state.tokens,
+            "vocab_size": GPT2_VOCAB,
+            "tokenizer": "gpt2",
+            "dtype": "uint16",
+            "eot_token": GPT2_EOT,
+            "format": "shards",
+            "shard_size": self.shard_size,
+            "shards": state.shards,
+            "tokens": state.tokens,
             "documents": {"train": state.document - state.val_documents, "val": state.val_documents},
             "source": source.description,
         }
-        _write_atomic(os.path.join(self.folder, "meta.json"), (json.dumps(meta, indent=1) + "\n").encode("utf-8"))
+        write_bytes(os.path.join(self.folder, "meta.json"), (json.dumps(meta, indent=1) + "\n").encode("utf-8"))
         return meta
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        raise UserError(f"cannot write {path}: {e.strerror}; check the folder and free space") from None

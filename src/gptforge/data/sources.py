@@ -1,7 +1,6 @@
-"""Where a shard dataset's documents come from: local files (.txt, .jsonl[.gz], .parquet, folders, globs) or a
-Hugging Face dataset (the hub, or a local copy made with save_to_disk). Each source is an ordered stream of
-document texts plus a fingerprint that tells a resumed `gptforge prepare` whether the inputs changed.
-"""
+"""Where a shard dataset's documents come from: local files and folders, or a Hugging Face dataset (the hub or a
+save_to_disk copy), each an ordered stream of texts with a fingerprint that tells a resumed prepare whether the
+inputs changed. Supported inputs in README.md, "Data at scale"; docs/ARCHITECTURE.md, "Files"."""
 
 from __future__ import annotations
 
@@ -9,11 +8,11 @@ import glob
 import gzip
 import json
 import os
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gptforge.console import log
 from gptforge.errors import UserError
 
 HUB = {  # recipe -> load_dataset arguments
@@ -33,17 +32,14 @@ class Source:
     total: int | None = None  # number of documents, when known (progress bar)
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def expand_paths(paths: Sequence[str]) -> list[str]:
     """Files in the order given; a folder contributes its supported files, sorted, recursively."""
     out = []
     for path in paths:
         if os.path.isdir(path):
             found = sorted(
-                p for p in glob.glob(os.path.join(glob.escape(path), "**", "*"), recursive=True)
+                p
+                for p in glob.glob(os.path.join(glob.escape(path), "**", "*"), recursive=True)
                 if os.path.isfile(p) and p.endswith(EXTENSIONS)
             )
             if not found:
@@ -201,6 +197,3 @@ def _iter_dataset(ds: Any, text_field: str) -> Iterator[str]:
         if text_field not in batch:
             raise UserError(f"the dataset has no column {text_field!r} (found: {', '.join(batch)}); use --text_field")
         yield from batch[text_field]
-
-
-# ---------------------------------------------------------------------------------------------- tokenizing

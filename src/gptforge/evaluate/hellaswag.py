@@ -1,32 +1,24 @@
-"""HellaSwag: pick the right ending of a sentence out of four, scored "completion style" as GPT-2 papers do.
-
-    gptforge eval hellaswag --out_dir=out --limit=200
-    # hellaswag: 200 examples, acc 0.2550 (51/200), acc_norm 0.2600 (52/200)
-
-Each example is a context and four endings. The model reads context + ending for all four; the ending it
-finds likeliest (lowest cross-entropy over the ending's tokens) is its answer. `acc` compares the summed
-loss, `acc_norm` the mean loss per token (which does not favour short endings). Chance is 0.25; GPT-2 124M
-reaches about 0.2955 acc_norm on the 10,042 validation examples, the figure build-nanogpt and llm.c report.
-
-The data is the official `hellaswag_val.jsonl` (one JSON object per line: `ctx`, `endings`, `label`), read
-from --hellaswag_path or downloaded once into `$GPTFORGE_CACHE_DIR/hellaswag/` (default `~/.cache/gptforge`).
-Under torchrun each rank scores every world_size-th example and the counts are summed over ranks.
-"""
+"""HellaSwag: pick the right one of four endings, scored completion style as the GPT-2 papers do (acc on the
+summed loss of the ending's tokens, acc_norm on their mean); `gptforge eval hellaswag`. README "Evaluate on
+HellaSwag" has what to expect; under torchrun each rank scores every world_size-th example."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import sys
-import urllib.request
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
+from gptforge import console
+from gptforge.checkpoint import load_model
+from gptforge.device import autocast_context, resolve_dtype
+from gptforge.distributed import setup_distributed, teardown
 from gptforge.errors import UserError
+from gptforge.files import download
 from gptforge.tokenizer import Tokenizer
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -44,38 +36,20 @@ def hellaswag_file(path: str | None = None, url: str = HELLASWAG_URL, cache_dir:
     """The validation jsonl to read: `path` (--hellaswag_path) if given, else the cached copy, downloaded if absent."""
     if path is not None:
         if not os.path.isfile(path):
-            raise UserError(f"--hellaswag_path={path}: no such file; give the path of HellaSwag's hellaswag_val.jsonl "
-                            f"(from {url}), or leave the option out to download it")
+            raise UserError(
+                f"--hellaswag_path={path}: no such file; give the path of HellaSwag's hellaswag_val.jsonl "
+                f"(from {url}), or leave the option out to download it"
+            )
         return path
     dest = os.path.join(cache_dir or default_cache_dir(), "hellaswag_val.jsonl")
     if not os.path.isfile(dest):
-        download(url, dest)
+        download(
+            url,
+            dest,
+            f"Get hellaswag_val.jsonl another way and pass --hellaswag_path=PATH (or place it at {dest}, "
+            f"or set {CACHE_ENV} to a writable folder)",
+        )
     return dest
-
-
-def download(url: str, dest: str) -> None:
-    """Fetch `url` into `dest` through a temporary file in the same folder, renamed into place when complete."""
-    folder = os.path.dirname(os.path.abspath(dest))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create the cache folder {folder} ({e.strerror}); set {CACHE_ENV} to a writable "
-                        "folder or pass --hellaswag_path=PATH") from None
-    tmp = os.path.join(folder, f".{os.path.basename(dest)}.{os.getpid()}.tmp")
-    print(f"downloading HellaSwag from {url} to {dest}", file=sys.stderr, flush=True)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as fh:
-            while chunk := response.read(1 << 20):
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, dest)
-    except (OSError, ValueError) as e:  # URLError, HTTPError, timeouts and disk errors are all OSErrors
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
-        raise UserError(f"could not download HellaSwag from {url} ({reason}). Offline? Get hellaswag_val.jsonl "
-                        f"another way and pass --hellaswag_path=PATH (or place it at {dest})") from None
 
 
 def load_examples(path: str, limit: int | None = None) -> list[dict[str, Any]]:
@@ -90,14 +64,23 @@ def load_examples(path: str, limit: int | None = None) -> list[dict[str, Any]]:
             try:
                 ex = json.loads(line)
             except json.JSONDecodeError as e:
-                raise UserError(f"{path}, line {lineno}: not JSON ({e.msg}); --hellaswag_path must be HellaSwag's "
-                                "jsonl (one example per line)") from None
-            ok = (isinstance(ex, dict) and isinstance(ex.get("ctx"), str) and isinstance(ex.get("endings"), list)
-                  and len(ex["endings"]) == NUM_ENDINGS and all(isinstance(s, str) for s in ex["endings"])
-                  and ex.get("label") in range(NUM_ENDINGS))
+                raise UserError(
+                    f"{path}, line {lineno}: not JSON ({e.msg}); --hellaswag_path must be HellaSwag's "
+                    "jsonl (one example per line)"
+                ) from None
+            ok = (
+                isinstance(ex, dict)
+                and isinstance(ex.get("ctx"), str)
+                and isinstance(ex.get("endings"), list)
+                and len(ex["endings"]) == NUM_ENDINGS
+                and all(isinstance(s, str) for s in ex["endings"])
+                and ex.get("label") in range(NUM_ENDINGS)
+            )
             if not ok:
-                raise UserError(f"{path}, line {lineno}: not a HellaSwag example (needs 'ctx', 4 'endings' and "
-                                "'label' 0-3); --hellaswag_path must be hellaswag_val.jsonl")
+                raise UserError(
+                    f"{path}, line {lineno}: not a HellaSwag example (needs 'ctx', 4 'endings' and "
+                    "'label' 0-3); --hellaswag_path must be hellaswag_val.jsonl"
+                )
             examples.append(ex)
     if not examples:
         raise UserError(f"{path} holds no examples; --hellaswag_path must be HellaSwag's hellaswag_val.jsonl")
@@ -107,9 +90,11 @@ def load_examples(path: str, limit: int | None = None) -> list[dict[str, Any]]:
 def check_tokenizer(tokenizer: Tokenizer) -> None:
     """HellaSwag's text needs GPT-2's BPE: a character vocabulary cannot encode it (nor was the model built for it)."""
     if getattr(tokenizer, "kind", None) != "gpt2":
-        raise UserError(f"HellaSwag needs a model trained with GPT-2's BPE tokenizer; this run uses "
-                        f"{getattr(tokenizer, 'kind', type(tokenizer).__name__)!r}. Train on a GPT-2 BPE dataset "
-                        "(e.g. `gptforge prepare shakespeare`) and pass that run's --out_dir")
+        raise UserError(
+            f"HellaSwag needs a model trained with GPT-2's BPE tokenizer; this run uses "
+            f"{getattr(tokenizer, 'kind', type(tokenizer).__name__)!r}. Train on a GPT-2 BPE dataset "
+            "(e.g. `gptforge prepare shakespeare`) and pass that run's --out_dir"
+        )
 
 
 def render_example(
@@ -150,23 +135,6 @@ def _raw_model(model: torch.nn.Module) -> torch.nn.Module:
 Rendered = tuple[torch.Tensor, torch.Tensor, int]  # render_example's (tokens (4, L), mask (4, L), label)
 
 
-def ending_losses(
-    model: torch.nn.Module,
-    tokenizer: Tokenizer,
-    examples: list[dict[str, Any]],
-    device: str,
-    ctx: contextlib.AbstractContextManager | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Score the examples in one forward pass -> (sum_loss, mean_loss), each (N, 4) float32 on the CPU.
-
-    sum_loss[n, i] is the cross-entropy summed over ending i's tokens, each predicted from the position before
-    it; mean_loss divides it by the number of those tokens. Rows longer than the model's block_size are
-    cropped from the left (see render_example).
-    """
-    block_size = _raw_model(model).config.block_size
-    return score_rendered(model, [render_example(ex, tokenizer, block_size) for ex in examples], device, ctx)
-
-
 @torch.no_grad()
 def score_rendered(
     model: torch.nn.Module,
@@ -174,16 +142,17 @@ def score_rendered(
     device: str,
     ctx: contextlib.AbstractContextManager | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ending_losses for examples already rendered (and cropped to the model's block_size)."""
+    """Score rendered examples (render_example, cropped to the model's block_size) in one forward pass ->
+    (sum_loss, mean_loss), each (N, 4) float32 on the CPU. sum_loss[n, i] is the cross-entropy summed over ending
+    i's tokens, each predicted from the position before it; mean_loss divides it by the number of those tokens."""
     L = max(t.size(1) for t, _, _ in rendered)
     # Right padding: a causal model's outputs at earlier positions do not depend on what follows them.
     tokens = torch.cat([F.pad(t, (0, L - t.size(1))) for t, _, _ in rendered]).to(device)  # (R, L), R = N*4
     mask = torch.cat([F.pad(m, (0, L - m.size(1))) for _, m, _ in rendered]).to(device)  # (R, L)
     # Position t predicts token t+1, so the mask moves one step left with the targets.
     targets, scored = tokens[:, 1:], mask[:, 1:].bool()  # (R, L-1)
-    # Only the M positions that predict an ending token need logits. The vocabulary projection (n_embd x 50k
-    # multiply-adds per position: 0.45x all 12 blocks of GPT-2 124M, 4x all 4 blocks of a 4 x 256 model)
-    # runs on those M rows, not on all R * L.
+    # Only the M positions that predict an ending token need logits: the vocabulary projection, as costly as
+    # many blocks (docs/PERFORMANCE.md), runs on those M rows, not on all R * L.
     # The unwrapped GPT, so a compiled model runs eagerly: each batch has another length, which would recompile.
     gpt = _raw_model(model)
     with ctx or contextlib.nullcontext():
@@ -225,14 +194,15 @@ def evaluate_hellaswag(
     model.eval()
     counts = torch.zeros(3, dtype=torch.long)  # n, correct, correct_norm
     desc = "hellaswag" if world_size == 1 else f"hellaswag (rank 0's share of {world_size})"
-    bar = _progress_bar(len(rendered), desc, enabled=progress and rank == 0)
+    bar = console.progress(len(rendered), desc, "ex", enabled=progress and rank == 0)
     try:
         for start in range(0, len(rendered), batch_examples):
             batch = rendered[start : start + batch_examples]
             sum_loss, mean_loss = score_rendered(model, batch, device, ctx)
             labels = torch.tensor([label for _, _, label in batch])
-            counts += torch.stack([torch.tensor(len(batch)), (sum_loss.argmin(1) == labels).sum(),
-                                   (mean_loss.argmin(1) == labels).sum()])
+            counts += torch.stack(
+                [torch.tensor(len(batch)), (sum_loss.argmin(1) == labels).sum(), (mean_loss.argmin(1) == labels).sum()]
+            )
             if bar is not None:
                 bar.update(len(batch))
                 bar.set_postfix(acc_norm=f"{counts[2].item() / counts[0].item():.4f}", refresh=False)
@@ -244,20 +214,70 @@ def evaluate_hellaswag(
         counts = counts.to(device)  # NCCL reduces CUDA tensors only
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)
     n, correct, correct_norm = (int(c) for c in counts.tolist())
-    return {"n": n, "correct": correct, "correct_norm": correct_norm,
-            "acc": correct / n if n else float("nan"), "acc_norm": correct_norm / n if n else float("nan")}
+    return {
+        "n": n,
+        "correct": correct,
+        "correct_norm": correct_norm,
+        "acc": correct / n if n else float("nan"),
+        "acc_norm": correct_norm / n if n else float("nan"),
+    }
 
 
 def format_result(result: dict[str, Any]) -> str:
     """The one-line summary the CLI prints."""
     n = result["n"]
-    return (f"hellaswag: {n} examples, acc {result['acc']:.4f} ({result['correct']}/{n}), "
-            f"acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{n})")
+    return (
+        f"hellaswag: {n} examples, acc {result['acc']:.4f} ({result['correct']}/{n}), "
+        f"acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{n})"
+    )
 
 
-def _progress_bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="ex", file=sys.stderr, dynamic_ncols=True)
+def eval_hellaswag(
+    out_dir: str,
+    ckpt: str | None,
+    init_from: str,
+    hellaswag_path: str | None,
+    limit: int | None,
+    batch_size: int,
+    device: str,
+    dtype: str,
+) -> dict[str, Any] | None:
+    """`gptforge eval hellaswag`: one process, or one per device under torchrun; rank 0 prints the result line
+    to stdout (and returns the result; other ranks return None)."""
+    for key, value in (("limit", limit), ("batch_size", batch_size)):
+        if value is not None and value <= 0:
+            raise UserError(f"--{key} must be a positive integer, got {value}")
+    env = setup_distributed(device, "auto")
+    try:
+        dtype = resolve_dtype(dtype, env.device_type)
+        model, tokenizer, _ = load_model(out_dir, ckpt, init_from, env.device)
+        check_tokenizer(tokenizer)
+        if env.ddp and not env.is_main:
+            dist.barrier()  # rank 0 downloads; the others then find the file in the cache
+        try:
+            path = hellaswag_file(hellaswag_path)
+        finally:
+            if env.ddp and env.is_main:
+                dist.barrier()
+        examples = load_examples(path, limit)
+        if env.is_main:
+            console.log(
+                f"hellaswag: scoring {len(examples)} examples from {path} on {env.device} ({dtype}), "
+                f"{env.world_size} process(es)"
+            )
+        result = evaluate_hellaswag(
+            model,
+            tokenizer,
+            examples,
+            env.device,
+            autocast_context(env.device_type, dtype),
+            batch_examples=batch_size,
+            rank=env.rank,
+            world_size=env.world_size,
+        )
+        if not env.is_main:
+            return None
+        print(format_result(result), flush=True)
+        return result
+    finally:
+        teardown(env)

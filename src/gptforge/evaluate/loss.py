@@ -1,23 +1,26 @@
-"""Validation loss: the mean cross-entropy over `eval_iters` batches per split, shared by training and eval.
-
-    losses = estimate_loss(model, {"train": train_batches, "val": val_batches}, eval_iters=200, ctx=ctx)
-    # {"train": 1.61, "val": 1.78}
-"""
+"""Loss and perplexity: `estimate_loss`, shared by training and `gptforge eval loss` (`eval_loss`, a checkpoint's
+loss on a prepared dataset from seeded batches)."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 
 import torch
 
-from gptforge.data.loader import RandomBatches
+from gptforge.checkpoint import load_model
+from gptforge.console import log
+from gptforge.data.loader import Batches, dataset_dir, loader_kind, make_batches, read_meta
+from gptforge.device import autocast_context, device_type, resolve_device, resolve_dtype
+from gptforge.errors import UserError
+from gptforge.tokenizer import tokenizer_spec
 
 
 @torch.no_grad()
 def estimate_loss(
     model: torch.nn.Module,
-    loaders: dict[str, RandomBatches],
+    loaders: dict[str, Batches],
     eval_iters: int,
     ctx: contextlib.AbstractContextManager | None = None,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -39,3 +42,51 @@ def estimate_loss(
     finally:
         model.train(was_training)
     return out
+
+
+def eval_loss(
+    out_dir: str,
+    ckpt: str | None,
+    init_from: str,
+    dataset: str | None,
+    data_dir: str | None,
+    split: str,
+    eval_iters: int | None,
+    batch_size: int | None,
+    block_size: int | None,
+    seed: int,
+    device: str,
+    dtype: str,
+) -> dict[str, float]:
+    """`gptforge eval loss`: a model's mean loss per split (one process); prints a line per split to stdout.
+    The run's own dataset, batch shape and eval_iters are the defaults."""
+    for key, value in (("eval_iters", eval_iters), ("batch_size", batch_size), ("block_size", block_size)):
+        if value is not None and value <= 0:
+            raise UserError(f"--{key} must be a positive integer, got {value}")
+    device = resolve_device(device)
+    model, tok, checkpoint = load_model(out_dir, ckpt, init_from, device)
+    run = (checkpoint or {}).get("config") or {}  # the run's config: its dataset and batch shape are the defaults
+    del checkpoint
+    dataset = dataset or run.get("dataset")
+    if not dataset:
+        raise UserError("--dataset: name the prepared dataset to measure on (e.g. --dataset=shakespeare)")
+    folder = dataset_dir(data_dir or run.get("data_dir", "data"), dataset)
+    meta = read_meta(folder)
+    if tokenizer_spec(meta) != tok.spec():
+        raise UserError(
+            f"dataset {folder} is tokenized differently ({meta['tokenizer']}) from what the model "
+            f"reads ({tok.kind}); choose a dataset made with the model's tokenizer (--dataset)"
+        )
+    block = min(block_size or run.get("block_size") or model.config.block_size, model.config.block_size)
+    batch, iters = batch_size or run.get("batch_size", 8), eval_iters or run.get("eval_iters", 200)
+    splits = ["val", "train"] if split == "both" else [split]
+    kind = loader_kind(meta)  # a shard dataset: the first windows of each split, in order, as training evaluates
+    loaders = {
+        s: make_batches(folder, meta, s, kind, batch, block, model.config.vocab_size, device, seed) for s in splits
+    }
+    dtype = resolve_dtype(dtype, device_type(device))
+    log(f"loss: {iters} batches of {batch} x {block} tokens per split from {folder} on {device} ({dtype})")
+    losses = estimate_loss(model, loaders, iters, autocast_context(device_type(device), dtype))
+    for s in splits:
+        print(f"{s} loss {losses[s]:.4f} (ppl {math.exp(min(losses[s], 700)):.2f})")
+    return losses

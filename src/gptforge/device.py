@@ -1,0 +1,130 @@
+"""Where and in what precision the model runs: device, dtype and compile resolution ('auto'), autocast, backend
+switches, and the peak FLOP/s that MFU is measured against. Measured figures: docs/PERFORMANCE.md."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from gptforge.config import CHOICES
+from gptforge.errors import UserError
+
+DTYPES = {name: getattr(torch, name) for name in CHOICES["dtype"] if name != "auto"}
+
+# Dense (no sparsity) tensor-core peaks in FLOP/s from the vendors' data sheets, by device-name fragment.
+# float32 is the TF32 tensor-core figure on Ampere and later, since configure_backends turns TF32 on.
+GPU_PEAK_FLOPS = {
+    "H100": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12},
+    "A100": {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12},
+    "A10G": {"bfloat16": 70e12, "float16": 70e12, "float32": 35e12},
+    "L4": {"bfloat16": 121e12, "float16": 121e12, "float32": 60e12},
+    "4090": {"bfloat16": 165e12, "float16": 165e12, "float32": 83e12},
+    "3090": {"bfloat16": 71e12, "float16": 71e12, "float32": 36e12},
+    "V100": {"float16": 125e12, "float32": 15.7e12},
+    "T4": {"float16": 65e12, "float32": 8.1e12},
+}
+
+# Below this width bfloat16 does not pay on a CPU even with AMX: the matmuls are too small to gain and the
+# bf16 flash-attention backward costs more than it saves (docs/PERFORMANCE.md).
+CPU_BF16_MIN_WIDTH = 256
+
+
+def device_type(device: str) -> str:
+    """'cuda:1' -> 'cuda': what autocast, GradScaler and the backends are keyed by."""
+    return device.split(":")[0]
+
+
+def resolve_device(name: str) -> str:
+    """'auto' -> cuda > mps > cpu; an unavailable device is a user error naming --device."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    kind = device_type(name)
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device={name}: no CUDA device is available here; use --device=cpu or --device=auto")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"--device={name}: MPS is not available here; use --device=cpu or --device=auto")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'; got {name!r}")
+    return name
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True when the CPU multiplies bfloat16 matrices in hardware (AMX tiles or AVX512-BF16); without them
+    oneDNN emulates bfloat16, several times slower than float32."""
+    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+
+
+def resolve_dtype(name: str, device_type: str, n_embd: int | None = None) -> str:
+    """'auto' -> bfloat16 on CUDA when supported, else float16 (with a GradScaler); on CPU bfloat16 when the
+    hardware has it (AMX / AVX512-BF16) and the model is at least CPU_BF16_MIN_WIDTH wide, else float32;
+    float32 on MPS."""
+    if name == "auto":
+        if device_type == "cuda":
+            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        wide = n_embd is None or n_embd >= CPU_BF16_MIN_WIDTH
+        if device_type == "cpu" and wide and cpu_has_fast_bf16():
+            return "bfloat16"
+        return "float32"
+    if name not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(CHOICES['dtype'])}; got {name!r}")
+    if name == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("--dtype=bfloat16: this GPU does not support bfloat16; use --dtype=float16")
+    return name
+
+
+def resolve_compile(value: bool | str, device_type: str) -> bool:
+    """'auto' -> compile on CUDA, where it pays back its compile time; not on CPU/MPS, where it measured no faster."""
+    return device_type == "cuda" if value == "auto" else bool(value)
+
+
+def autocast_context(device_type: str, dtype: str) -> contextlib.AbstractContextManager:
+    """Mixed precision for the forward pass; float32 runs without autocast at all."""
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=DTYPES[dtype])
+
+
+def configure_backends(device_type: str) -> None:
+    """TF32 tensor cores for float32 matmuls on Ampere+ GPUs: several times the throughput at ~1e-3 precision."""
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def measure_matmul_flops(device: str, dtype: str, n: int = 2048, reps: int = 3) -> float:
+    """Best FLOP/s of an n x n matrix product on this device and dtype: the machine's practical ceiling.
+
+    The operands come from a private generator: measuring must not shift the training run's random stream.
+    """
+    if device_type(device) == "cpu" and dtype != "float32" and not cpu_has_fast_bf16():
+        n = min(n, 512)  # emulated half precision: one 2048-wide product takes about a minute on an AVX2-only CPU
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=gen).to(DTYPES[dtype])
+    b = torch.randn(n, n, device=device, generator=gen).to(DTYPES[dtype])
+    cuda = device.startswith("cuda")
+    best = float("inf")
+    for _ in range(reps + 1):  # the first product warms up kernels and caches
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ b
+        if cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def peak_flops(device: str, dtype: str, configured: float = 0.0) -> float:
+    """The peak MFU is measured against: configured, else a GPU data-sheet figure, else a measured matmul ceiling."""
+    if configured > 0:
+        return configured
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(device)
+        for key, table in GPU_PEAK_FLOPS.items():
+            if key in name and dtype in table:
+                return table[dtype]
+    return measure_matmul_flops(device, dtype)

@@ -1,0 +1,281 @@
+"""A checkpoint out as a Hugging Face GPT-2 folder that transformers' GPT2LMHeadModel.from_pretrained and pipeline()
+load: `export_hf`, and `gptforge export` (`export_run`). The mapping: docs/ARCHITECTURE.md "GPT-2 weights and
+Hugging Face"."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import torch
+
+from gptforge.checkpoint import checkpoint_path, load_checkpoint_model
+from gptforge.console import log
+from gptforge.errors import UserError
+from gptforge.model import GPT
+from gptforge.pretrained import CONV1D
+from gptforge.tokenizer import GPT2_EOT, GPT2_VOCAB
+
+EOT_TEXT = "<|endoftext|>"
+# Files `export_hf` writes, and other files of a Hugging Face model folder: --force replaces a folder
+# holding only these, so it never deletes anything else (a run folder, a home directory).
+HF_FOLDER_FILES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+    }
+)
+
+
+def export_run(out_dir: str, ckpt: str | None, to: str, force: bool) -> str:
+    """`gptforge export`: the checkpoint's model and tokenizer as a Hugging Face GPT-2 folder; notes go to stderr,
+    one summary line to stdout. Returns the checkpoint path exported."""
+    path = checkpoint_path(out_dir, ckpt)
+    model, tok, checkpoint = load_checkpoint_model(path, "cpu")
+    for note in export_hf(model, to, tok.spec(), force=force):
+        log(f"note: {note}")
+    step = checkpoint.get("iter_num", "?")
+    print(f"wrote {to}: a Hugging Face GPT-2 folder (GPT2LMHeadModel) of {path}, step {step}")
+    return path
+
+
+def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, force: bool = False) -> list[str]:
+    """Write `model` as a Hugging Face GPT-2 folder that GPT2LMHeadModel.from_pretrained(folder) loads.
+
+    Writes config.json, generation_config.json and model.safetensors, and for GPT-2 BPE the tokenizer files
+    (vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json), so that
+    transformers.pipeline("text-generation", model=folder) works. A vocabulary padded past GPT-2's 50,257
+    tokens is cut back; a model without biases gets zero biases (HF's GPT-2 always has them): the logits
+    are the same. The folder is assembled under a temporary name and renamed into place; an existing
+    non-empty folder is an error unless force=True, which replaces it only when it holds nothing but
+    Hugging Face model files. Returns notes for the user (e.g. that a char-level model has no HF tokenizer).
+    """
+    folder = os.path.abspath(folder)
+    _check_target(folder, force)
+    bpe = bool(tokenizer_spec) and tokenizer_spec.get("tokenizer") == "gpt2"
+    cfg = model.config
+    vocab_size = GPT2_VOCAB if bpe else cfg.vocab_size
+    if vocab_size > cfg.vocab_size:
+        raise UserError(
+            f"the model has {cfg.vocab_size} token rows, fewer than GPT-2 BPE's {GPT2_VOCAB}: "
+            "its checkpoint's tokenizer record is wrong"
+        )
+    notes = []
+    if bpe and cfg.vocab_size > GPT2_VOCAB:
+        notes.append(f"vocabulary cut from {cfg.vocab_size} (padded) to GPT-2's {GPT2_VOCAB} tokens")
+    if not cfg.bias:
+        notes.append("the model has no biases; HF's GPT-2 always has them, so they are written as zeros")
+    if not bpe:
+        kind = (tokenizer_spec or {}).get("tokenizer", "unknown")
+        notes.append(
+            f"no Hugging Face tokenizer exists for this model's tokenizer ({kind!r}): only the model is "
+            f"exported (vocab_size {vocab_size}); encode and decode with gptforge's tokenizer"
+        )
+
+    tmp = os.path.join(os.path.dirname(folder), f".{os.path.basename(folder)}.export-{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.makedirs(tmp)
+        _write_model(model, tmp, vocab_size)
+        _write_json(os.path.join(tmp, "config.json"), _hf_config(model, vocab_size, bpe))
+        gen = {"bos_token_id": GPT2_EOT, "eos_token_id": GPT2_EOT} if bpe else {}
+        _write_json(os.path.join(tmp, "generation_config.json"), gen)
+        if bpe:
+            write_gpt2_tokenizer(tmp, model_max_length=cfg.block_size)
+        _swap_into_place(tmp, folder)
+    except OSError as e:
+        raise UserError(f"cannot write {folder}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return notes
+
+
+def _check_target(folder: str, force: bool) -> None:
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UserError(f"--to={folder} is a file; give a folder to create")
+    contents = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    if not contents:
+        return
+    if not force:
+        raise UserError(
+            f"--to={folder} is not empty; choose a new folder, or add --force to replace a previous export there"
+        )
+    foreign = [n for n in contents if n not in HF_FOLDER_FILES or not os.path.isfile(os.path.join(folder, n))]
+    if foreign:
+        raise UserError(
+            f"--to={folder} holds files a Hugging Face export does not ({', '.join(foreign[:5])}); "
+            "--force replaces only previous exports: choose another folder"
+        )
+
+
+def _swap_into_place(tmp: str, folder: str) -> None:
+    """Rename the finished folder over `folder`: the target holds the old export or the new one, never half."""
+    if not os.path.isdir(folder) or not os.listdir(folder):
+        os.replace(tmp, folder)  # POSIX rename replaces an empty directory
+        return
+    old = f"{tmp}.old"
+    os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_model(model: GPT, folder: str, vocab_size: int) -> None:
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    tensors = {}
+    for key, value in model.state_dict().items():
+        key = key.removeprefix("_orig_mod.")  # torch.compile's wrapper
+        if key == "lm_head.weight":
+            continue  # tied to transformer.wte.weight; HF's GPT2LMHeadModel ties it again on load
+        value = value.detach()
+        if key == "transformer.wte.weight":
+            value = value[:vocab_size]  # (vocab_size, C): the padding rows never see a real token
+        elif key.endswith(CONV1D):
+            value = value.t()  # Linear (out, in) -> Conv1D (in, out)
+        tensors[key] = value.to(device="cpu", dtype=torch.float32).clone(memory_format=torch.contiguous_format)
+    if not cfg.bias:  # zero biases: the exact arithmetic of a bias-free model
+        C = cfg.n_embd
+        zeros = {
+            "ln_1.bias": C,
+            "ln_2.bias": C,
+            "attn.c_attn.bias": 3 * C,
+            "attn.c_proj.bias": C,
+            "mlp.c_fc.bias": 4 * C,
+            "mlp.c_proj.bias": C,
+        }
+        for i in range(cfg.n_layer):
+            for name, size in zeros.items():
+                tensors[f"transformer.h.{i}.{name}"] = torch.zeros(size)
+        tensors["transformer.ln_f.bias"] = torch.zeros(C)
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+
+
+def _hf_config(model: GPT, vocab_size: int, bpe: bool) -> dict[str, Any]:
+    cfg = model.config
+    eot = GPT2_EOT if bpe else None
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": vocab_size,
+        "n_positions": cfg.block_size,
+        "n_embd": cfg.n_embd,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.dropout,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "add_cross_attention": False,
+        "use_cache": True,
+        "tie_word_embeddings": True,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+        "pad_token_id": None,
+        "dtype": "float32",
+    }
+
+
+def write_gpt2_tokenizer(folder: str, model_max_length: int = 1024) -> None:
+    """GPT-2's tokenizer files for transformers' GPT2Tokenizer, rebuilt from tiktoken's gpt2 encoding.
+
+    vocab.json maps each token, written in GPT-2's byte-to-unicode alphabet, to its id; merges.txt lists the
+    50,000 merges in rank order. Both equal OpenAI's encoder.json and vocab.bpe.
+    """
+    from gptforge.tokenizer import GPT2Tokenizer
+
+    vocab, merges = gpt2_vocab_and_merges(GPT2Tokenizer().enc)
+    _write_json(os.path.join(folder, "vocab.json"), vocab)
+    with open(os.path.join(folder, "merges.txt"), "w", encoding="utf-8") as fh:
+        fh.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
+    _write_json(os.path.join(folder, "special_tokens_map.json"), special)
+    _write_json(
+        os.path.join(folder, "tokenizer_config.json"),
+        {
+            "tokenizer_class": "GPT2Tokenizer",
+            **special,
+            "model_max_length": model_max_length,
+            "add_prefix_space": False,
+            "add_bos_token": False,
+            "errors": "replace",
+            "clean_up_tokenization_spaces": False,  # decode gives back the text exactly, as tiktoken does
+        },
+    )
+
+
+def gpt2_vocab_and_merges(enc: Any) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """(vocab.json's dict, merges.txt's pairs) from a tiktoken GPT-2 encoding.
+
+    tiktoken keeps only each token's bytes and rank. A token of rank r >= 256 was made by one merge of two
+    tokens of lower rank; which two is what byte-pair encoding of its bytes with only the merges below r
+    ends with (the same procedure tiktoken applies to text), so the merges come back in rank order.
+    """
+    ranks = {enc.decode_single_token_bytes(i): i for i in range(enc.n_vocab) if i != enc.eot_token}
+    to_text = _bytes_to_unicode()
+
+    def text(token: bytes) -> str:
+        return "".join(to_text[b] for b in token)
+
+    vocab = {text(token): rank for token, rank in ranks.items()}
+    vocab[EOT_TEXT] = enc.eot_token
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if rank < 256:
+            assert len(token) == 1, f"GPT-2's first 256 tokens are single bytes; rank {rank} is {token!r}"
+            continue
+        parts = _bpe(ranks, token, max_rank=rank)
+        assert len(parts) == 2, f"token {token!r} (rank {rank}) is not one merge of lower-ranked tokens: {parts}"
+        merges.append((text(parts[0]), text(parts[1])))
+    return vocab, merges
+
+
+def _bpe(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
+    """Byte-pair encode `token`, merging only pairs whose rank is below max_rank, lowest rank first."""
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 1:
+        best_rank, best_i = max_rank, -1
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1], max_rank)
+            if rank < best_rank:
+                best_rank, best_i = rank, i
+        if best_i < 0:
+            break
+        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+    return parts
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table: printable Latin-1 bytes stand for themselves, the other
+    68 bytes (controls, space, ...) take the characters from U+0100 on, in byte order."""
+    own = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in own}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _write_json(path: str, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, ensure_ascii=False)
+        fh.write("\n")

@@ -1,0 +1,193 @@
+"""Hostile inputs against the finished run, end to end: damaged or foreign checkpoints (resume and sample), disk
+trouble, dashboard and sample options. Same rule and check as test_hostile_inputs.py (hostile_tools.py)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from hostile_tools import (
+    CKPT,
+    Case,
+    check_row,
+    cut,
+    do,
+    edit_checkpoint,
+    evil_checkpoint,
+    just,
+    port_in_use,
+    sample,
+    train,
+    unwritable_out_dir,
+    wider_dataset,
+    workspace_template,  # noqa: F401 (a fixture, used by test_hostile_input)
+    write,
+)
+
+NOT_A_CHECKPOINT = r"damaged|truncated|not a (gptforge or nanoGPT )?checkpoint|corrupt"
+ROWS = [
+    # --- checkpoints: resume with train, and sample ----------------------------------------------------------
+    pytest.param(
+        Case(
+            do(lambda ws: (ws / CKPT).unlink(), train(init_from="resume", max_iters=6)), CKPT, "not found; train first"
+        ),
+        id="ckpt-missing-train-resume",
+    ),
+    pytest.param(
+        Case(do(lambda ws: (ws / CKPT).unlink(), sample()), CKPT, "not found; train first"), id="ckpt-missing-sample"
+    ),
+    pytest.param(
+        Case(
+            do(lambda ws: cut(ws / CKPT, (ws / CKPT).stat().st_size // 2), train(init_from="resume", max_iters=6)),
+            CKPT,
+            NOT_A_CHECKPOINT,
+        ),
+        id="ckpt-truncated-train-resume",
+    ),
+    pytest.param(
+        Case(do(lambda ws: cut(ws / CKPT, (ws / CKPT).stat().st_size // 2), sample()), CKPT, NOT_A_CHECKPOINT),
+        id="ckpt-truncated-sample",
+    ),
+    pytest.param(Case(do(lambda ws: cut(ws / CKPT, 0), sample()), CKPT, NOT_A_CHECKPOINT), id="ckpt-empty-file-sample"),
+    pytest.param(
+        Case(
+            write(CKPT, random.Random(0).randbytes(5000), train(init_from="resume", max_iters=6)),
+            CKPT,
+            NOT_A_CHECKPOINT,
+            forbid="run code",
+        ),
+        id="ckpt-random-bytes-train-resume",
+    ),
+    pytest.param(
+        Case(write(CKPT, random.Random(0).randbytes(5000), sample()), CKPT, NOT_A_CHECKPOINT, forbid="run code"),
+        id="ckpt-random-bytes-sample",
+    ),
+    pytest.param(
+        Case(
+            write(CKPT, "hello, I am not a checkpoint\n", train(init_from="resume", max_iters=6)),
+            CKPT,
+            NOT_A_CHECKPOINT,
+        ),
+        id="ckpt-text-file-train-resume",
+    ),
+    pytest.param(
+        Case(write(CKPT, "hello, I am not a checkpoint\n", sample()), CKPT, NOT_A_CHECKPOINT),
+        id="ckpt-text-file-sample",
+    ),
+    pytest.param(
+        Case(
+            do(lambda ws: edit_checkpoint(ws, n_embd=64), train(init_from="resume", max_iters=6)),
+            CKPT,
+            "saved with other model settings",
+        ),
+        id="ckpt-other-model-shape-train-resume",
+    ),
+    pytest.param(
+        Case(do(lambda ws: edit_checkpoint(ws, n_layer=3), sample()), CKPT, "saved with other model settings"),
+        id="ckpt-other-model-shape-sample",
+    ),
+    pytest.param(
+        Case(
+            do(wider_dataset, train(init_from="resume", max_iters=6, dataset="wide")),
+            "'wide'",
+            "resume on the dataset the model was trained on",
+        ),
+        id="ckpt-resume-on-a-dataset-with-a-larger-vocabulary",
+    ),
+    pytest.param(
+        Case(do(evil_checkpoint, train(init_from="resume", max_iters=6)), CKPT, "can run code", runs_code=True),
+        id="ckpt-pickle-that-runs-code-train-resume",
+    ),
+    pytest.param(
+        Case(do(evil_checkpoint, sample()), CKPT, "can run code", runs_code=True),
+        id="ckpt-pickle-that-runs-code-sample",
+    ),
+    pytest.param(
+        Case(
+            just(train("--sample_interval=2", "--sample_prompt=Zebra", init_from="resume", max_iters=6)),
+            "--sample_prompt",
+            "use only characters from its training text",
+        ),
+        id="resume-with-sample_prompt-outside-the-vocabulary",
+    ),
+    # --- disk ------------------------------------------------------------------------------------------------
+    pytest.param(
+        Case(
+            write("afile", "a regular file\n", train(out_dir="afile/run")),
+            "--out_dir=afile/run",
+            "Not a directory.*choose another folder",
+        ),
+        id="disk-out_dir-under-a-regular-file",
+    ),
+    pytest.param(
+        Case(unwritable_out_dir, "--out_dir=", "(Permission denied|Operation not permitted).*choose another folder"),
+        id="disk-out_dir-parent-not-writable",
+    ),
+    pytest.param(
+        Case(just(["export", "--out_dir=run", "--to=run", "--force"]), "--to=", "choose another folder"),
+        id="disk-export-over-the-run-folder",
+    ),
+    pytest.param(
+        Case(write("empty.txt", "", ["prepare", "text", "empty.txt", "--name=tiny"]), "empty.txt", "give more text"),
+        id="disk-prepare-empty-text-over-a-dataset",
+    ),
+    pytest.param(
+        Case(
+            write("latin1.txt", b"caf\xe9\n" * 50, ["prepare", "text", "latin1.txt", "--name=tiny"]),
+            "latin1.txt",
+            "convert it to UTF-8",
+        ),
+        id="disk-prepare-non-utf8-text-over-a-dataset",
+    ),
+    # --- dashboard -------------------------------------------------------------------------------------------
+    pytest.param(
+        Case(just(["dashboard", "nowhere", "--port=0"]), "nowhere", "no such folder"), id="dashboard-folder-missing"
+    ),
+    pytest.param(
+        Case(
+            lambda ws, held: ["dashboard", "run", f"--port={port_in_use(held)}"],
+            "--port",
+            "Address already in use.*--port 0 picks a free one",
+        ),
+        id="dashboard-port-in-use",
+    ),
+    pytest.param(
+        Case(just(["dashboard", "run", "--port=70000"]), "--port", "0-65535"), id="dashboard-port-out-of-range"
+    ),
+    # --- sample ----------------------------------------------------------------------------------------------
+    pytest.param(
+        Case(just(sample("--start=FILE:missing.txt")), "--start=FILE:missing.txt", "No such file"),
+        id="sample-start-file-missing",
+    ),
+    pytest.param(
+        Case(
+            write("latin1.txt", b"caf\xe9\n", sample("--start=FILE:latin1.txt")),
+            "--start=FILE:latin1.txt",
+            "convert it to UTF-8",
+        ),
+        id="sample-start-file-not-utf8",
+    ),
+    pytest.param(
+        Case(just(sample("--start=Zebra")), "--start", "use only characters from its training text"),
+        id="sample-start-outside-the-vocabulary",
+    ),
+    pytest.param(Case(just(sample("--num_samples=0")), "--num_samples", "positive integer"), id="sample-num_samples-0"),
+    pytest.param(
+        Case(just(sample("--max_new_tokens=-5")), "--max_new_tokens", "positive integer"),
+        id="sample-negative-max_new_tokens",
+    ),
+    pytest.param(
+        Case(just(sample("--temperature=-1")), "--temperature", r">= 0 \(0 = greedy\)"),
+        id="sample-negative-temperature",
+    ),
+    pytest.param(
+        Case(just(sample("--temperature=nan")), "--temperature", "finite number"), id="sample-nan-temperature"
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ROWS)
+def test_hostile_input(case: Case, workspace_template: Path, tmp_path: Path):  # noqa: F811
+    check_row(case, workspace_template, tmp_path)
