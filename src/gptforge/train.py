@@ -9,7 +9,7 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,12 +51,9 @@ class Run:
     raw_model: GPT  # the GPT itself: evaluation of varying shapes, samples, checkpoints, MFU
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    ctx: contextlib.AbstractContextManager  # autocast, or nothing for float32
-    accum: int  # micro-batches per step on this rank
     batches: Batches  # the training batches
     eval_batches: Callable[[], dict[str, Batches]]  # the loaders of one evaluation, by split
     eval_iters: int  # batches per split and rank of one evaluation
-    sync: Callable[[bool], None] | None  # turns the gradient all-reduce on for the last micro-batch (DDP, FSDP)
     hellaswag: Callable[..., dict[str, Any]] | None  # scores a model on the loaded examples
     sampler: Sampler | None
     metrics: Metrics
@@ -68,6 +65,16 @@ class Run:
     data_state: dict[str, Any] | None = None  # the loader state that yields X, Y: what a resume restores
     iter_num: int = 0
     best_val_loss: float = math.inf
+    # derived from the above in __post_init__
+    ctx: contextlib.AbstractContextManager = field(init=False)  # autocast, or nothing for float32
+    accum: int = field(init=False)  # micro-batches per step on this rank
+    sync: Callable[[bool], None] | None = field(init=False)  # gradient all-reduce on the last micro-batch only
+
+    def __post_init__(self) -> None:
+        self.ctx = autocast_context(self.env.device_type, self.cfg.dtype)
+        self.accum = self.cfg.gradient_accumulation_steps // self.env.world_size
+        fsdp = self.env.ddp and self.cfg.parallel == "fsdp"
+        self.sync = gradient_sync(self.model, self.raw_model, self.env, fsdp)
 
     @property
     def tokens_per_iter(self) -> int:
@@ -274,31 +281,13 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run:
         fixed={"model_args": model_args, "tokenizer": tokenizer_spec(meta), "wandb_run_id": metrics.wandb_id},
     )
     wrapped = compile_and_wrap(model, cfg, env, fsdp, metrics)
-    run = Run(
-        cfg=cfg,
-        env=env,
-        model=wrapped,
-        raw_model=model,
-        optimizer=optimizer,
-        scaler=scaler,
-        ctx=autocast_context(env.device_type, cfg.dtype),
-        accum=accum,
-        batches=batches,
-        eval_batches=eval_batches,
-        eval_iters=eval_iters,
-        sync=gradient_sync(wrapped, model, env, fsdp),
-        hellaswag=hellaswag,
-        sampler=sampler,
-        metrics=metrics,
-        checkpointer=checkpointer,
-        peak_flops=peak_flops(env.device, cfg.dtype, cfg.peak_flops) if env.is_main else 1.0,
-        cleanup=cleanup,
-        X=X,
-        Y=Y,
-        data_state=data_state,
-        iter_num=iter_num,
-        best_val_loss=best_val_loss,
-    )
+    # fmt: off
+    run = Run(cfg=cfg, env=env, model=wrapped, raw_model=model, optimizer=optimizer, scaler=scaler,
+              batches=batches, eval_batches=eval_batches, eval_iters=eval_iters, hellaswag=hellaswag, sampler=sampler,
+              metrics=metrics, checkpointer=checkpointer, cleanup=cleanup,
+              peak_flops=peak_flops(env.device, cfg.dtype, cfg.peak_flops) if env.is_main else 1.0,
+              X=X, Y=Y, data_state=data_state, iter_num=iter_num, best_val_loss=best_val_loss)
+    # fmt: on
     metrics.info(
         f"model: {model.get_num_params() / 1e6:.2f}M parameters | device {env.device}, dtype {cfg.dtype}, "
         f"compile {cfg.compile}, {env.world_size} process(es)\n"
