@@ -131,15 +131,22 @@ def test_help_lists_options_with_defaults(command):
             "--max_lr -> learning_rate",
             "--steps_per_epoch, --num_epochs -> max_iters",
         ],
-        "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from", "--ckpt PATH"],
+        "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from", "--ckpt PATH"]
+        + ["--top_p", "--stop_token", "--window {slide,half}", "(default: slide)", "faster on long samples"]
+        + ["a file (default: a newline) --num_samples", "instead of using the KV cache (default: the cache is on)"],
         "export": ["--out_dir", "--to", "--ckpt PATH"],
         "bench": ["--compare", "--json", "(default: 5)"],
         "dashboard": ["--port", "(default: 8765)", "(default: 127.0.0.1)"],
-        "eval loss": ["--ckpt PATH", "--split {val,train,both}", "(default: val)", "--eval_iters", "perplexity"],
+        "eval loss": ["--ckpt PATH", "--split {val,train,both}", "(default: val)", "--eval_iters", "perplexity"]
+        + ["under --data_dir (default: the run's) --data_dir", "per split (default: the run's, or 200) --batch_size"],
     }[command]
     flat = " ".join(r.stdout.split())  # help is wrapped to the terminal width
     for text in expected:
         assert text in flat, text
+    # each default is shown once and only where it informs: never None, never a flag's True / False
+    assert not any(f"(default: {v})" in flat for v in ("None", "True", "False")), flat
+    twice = [text for text in flat.split("(default:")[1:-1] if " -" not in text]  # no option before the next one
+    assert not twice, twice
 
 
 def test_console_script_and_module_agree():
@@ -188,7 +195,8 @@ def test_sigint_finishes_the_step_checkpoints_and_resumes(char_data, tmp_path):
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
-    assert "SIGINT: finishing this step" in stdout and "continue with --init_from=resume" in stdout
+    assert "SIGINT: finishing this step" in stdout
+    assert f"continue with: gptforge train --out_dir={out} --init_from=resume" in stdout
     from gptforge.checkpoint import load_checkpoint
 
     stopped_at = load_checkpoint(str(out / "ckpt.pt"))["iter_num"]

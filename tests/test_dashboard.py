@@ -129,9 +129,13 @@ def test_api_lists_runs_and_reads_metrics_incrementally(tmp_path, dashboard):
     assert again["reset"] and [r["loss"] for r in again["records"]] == [4.2] and again["skipped"] == 1
 
     assert get_json(url, "/api/runs/one/config") == {"max_iters": 100, "dataset": "tiny"}
+    assert not runs[0]["has_samples"]  # no samples.jsonl; an empty one (older runs wrote it always) is none either
+    (run / "samples.jsonl").write_text("")
+    assert not get_json(url, "/api/runs")["runs"][0]["has_samples"]
     (run / "samples.jsonl").write_text("".join(json.dumps({"step": s, "text": f"s{s}"}) + "\n" for s in range(30)))
     samples = get_json(url, "/api/runs/one/samples?limit=3")["samples"]
     assert [s["text"] for s in samples] == ["s27", "s28", "s29"]
+    assert get_json(url, "/api/runs")["runs"][0]["has_samples"]
     assert request(url, "/api/runs/nope/metrics")[0] == 404
 
 

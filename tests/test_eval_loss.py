@@ -80,3 +80,16 @@ def test_eval_loss_errors_name_the_flag(char_data, tmp_path):
     for extra, message in cases:
         r = run_cli("eval", "loss", f"--out_dir={out}", "--device=cpu", *extra)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+
+
+def test_eval_picks_the_dtype_by_trains_rule_for_the_model(char_data, tmp_path, monkeypatch, capsys):
+    """On a CPU with bfloat16 hardware, train keeps float32 below 256 wide: eval does the same for such a model."""
+    from gptforge import device
+    from gptforge.evaluate.loss import eval_loss
+
+    out = tmp_path / "run"
+    assert run_cli("train", *tiny_train_args(char_data, out, max_iters=2)).returncode == 0
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: True)
+    eval_loss(str(out), None, "resume", None, None, "val", 2, None, None, 1337, "cpu", "auto")
+    assert "on cpu (float32)" in capsys.readouterr().err  # 32 wide: float32, as train_shakespeare_char_cpu runs
+    assert device.resolve_dtype("auto", "cpu", 384) == "bfloat16"  # and a wide model would get bfloat16

@@ -75,7 +75,8 @@ def test_sigterm_mid_run_then_resume_equals_an_uninterrupted_run(char_data, tmp_
     rc = child.finish()
     stdout = child.stdout_text()
     assert rc == 0, child.stderr_text()
-    assert "SIGTERM: finishing this step" in stdout and "continue with --init_from=resume" in stdout
+    assert "SIGTERM: finishing this step" in stdout
+    assert f"continue with: gptforge train --out_dir={out} --init_from=resume" in stdout
     stopped_at = load_checkpoint(str(out / "ckpt.pt"))["iter_num"]
     assert 13 <= stopped_at < SIGNAL_RUN["max_iters"], stopped_at
     assert f"saved checkpoint ckpt.pt in {out} at iter {stopped_at} (stop requested)" in stdout

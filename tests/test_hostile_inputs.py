@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hostile_tools import (
+    CKPT,
     Case,
     check_row,
     cut,
@@ -108,6 +109,40 @@ ROWS = [
             runs_code=True,
         ),
         id="config-file-value-that-is-code",
+    ),
+    pytest.param(
+        Case(
+            write("latin.py", b"batch_size = 4\n# caf\xe9\n", train(files=("latin.py",))),
+            "config file latin.py",
+            "not UTF-8 text",
+        ),
+        id="config-file-not-utf8",
+    ),
+    pytest.param(
+        Case(just(train(files=(CKPT,))), f"config file {CKPT}", "was another file given in its place"),
+        id="config-file-is-a-checkpoint",
+    ),
+    pytest.param(
+        Case(just(train(files=("data",))), "'data' is a folder", "give a config file in it"),
+        id="config-file-is-a-folder",
+    ),
+    pytest.param(
+        Case(just(train("--init_from=resume", "--n_layer=3")), "--n_layer=3", "a resumed model keeps its shape"),
+        id="resume-shape-change",
+    ),
+    pytest.param(
+        Case(
+            write("run/config.json", "{not json", train("--init_from=resume")), "run/config.json", "not readable JSON"
+        ),
+        id="resume-config-json-damaged",
+    ),
+    pytest.param(
+        Case(just(train("--n_embd=65536", "--n_head=16")), "available: lower --n_embd", "--batch_size or --block_size"),
+        id="config-model-too-big-for-memory",
+    ),
+    pytest.param(
+        Case(just(train("--block_size=100000000")), "GB available: lower", "--batch_size or --block_size"),
+        id="config-block_size-too-big-for-memory",
     ),
     # --- data: train from scratch over the finished run, which must survive the failed start ------------------
     pytest.param(

@@ -134,6 +134,10 @@ ROWS = [
         id="disk-prepare-empty-text-over-a-dataset",
     ),
     pytest.param(
+        Case(write("five.txt", "hello", ["prepare", "text", "five.txt", "--name=tiny"]), "five.txt", "at least 9"),
+        id="disk-prepare-five-characters-over-a-dataset",
+    ),
+    pytest.param(
         Case(
             write("latin1.txt", b"caf\xe9\n" * 50, ["prepare", "text", "latin1.txt", "--name=tiny"]),
             "latin1.txt",
@@ -144,6 +148,13 @@ ROWS = [
     # --- dashboard -------------------------------------------------------------------------------------------
     pytest.param(
         Case(just(["dashboard", "nowhere", "--port=0"]), "nowhere", "no such folder"), id="dashboard-folder-missing"
+    ),
+    pytest.param(
+        Case(just(["dashboard", "run/log.txt", "--port=0"]), "run/log.txt is a file", r"give its run folder \(run\)"),
+        id="dashboard-a-file-given",
+    ),
+    pytest.param(
+        Case(just(["train", "run/ckpt.pt/x.py"]), "run/ckpt.pt/x.py", "not found"), id="config-file-under-a-file"
     ),
     pytest.param(
         Case(

@@ -9,36 +9,17 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gptforge"
 
 # The modules bottom up: each may import only modules listed before it (errors, the leaf, is open to all), so
 # imports flow one way and there are no cycles. docs/ARCHITECTURE.md "Imports flow one way" names the groups.
-ORDER = [
-    "errors",
-    "console",
-    "files",  # standard library only: the dashboard may use them
-    "aliases",
-    "config",
-    "tokenizer",
-    "model",  # settings, vocabularies, the network
-    "device",
-    "distributed",
-    "optim",
-    "metrics",  # where and how it runs, what it reports
-    "data",
-    "data.sources",
-    "data.loader",
-    "data.prepare",
-    "data.shards",  # datasets in, batches out
-    "pretrained",
-    "checkpoint",  # weights in and out of files
-    "checkpointer",
-    "sample",
-    "evaluate.loss",
-    "evaluate.hellaswag",
-    "export",
-    "bench",  # what uses a model
-    "train_setup",
-    "train",  # the training run (bench never imports it: they share optim.accumulate_gradients)
-    "cli_args",
-    "cli",  # the command line; nothing imports it
+GROUPS = [
+    ("errors", "console", "files"),  # standard library only: the dashboard may use them
+    ("aliases", "config", "resume", "memory", "tokenizer", "model"),  # settings, vocabularies, the network
+    ("device", "distributed", "optim", "metrics"),  # where and how it runs, what it reports
+    ("data", "data.sources", "data.loader", "data.prepare", "data.shards"),  # datasets in, batches out
+    ("pretrained", "checkpoint"),  # weights in and out of files
+    ("checkpointer", "sample", "evaluate.loss", "evaluate.hellaswag", "export", "bench"),  # what uses a model
+    ("train_setup", "train"),  # the training run (bench never imports it: they share optim.accumulate_gradients)
+    ("cli_args", "cli"),  # the command line; nothing imports it
 ]
+ORDER = [name for group in GROUPS for name in group]
 DASHBOARD_MAY_USE = {"errors", "files", "config"}  # standard library only: the dashboard starts at once
 EXTRA = {"train_setup": {"dashboard"}, "cli": {"dashboard"}}  # train's dashboard=True; `gptforge dashboard`
 

@@ -191,14 +191,15 @@ def test_estimate_mfu_matches_flop_formula():
     assert model.estimate_mfu(10, 0.5, 1e9) == pytest.approx(per_token * 16 * 10 / 0.5 / 1e9)
 
 
+@pytest.mark.parametrize("window", ["slide", "half"])
 @pytest.mark.parametrize("prompt_len, new", [(3, 10), (5, 30), (16, 5), (20, 4)])  # 30 > block_size 16
-def test_cached_and_uncached_generation_give_identical_tokens(prompt_len, new):
+def test_cached_and_uncached_generation_give_identical_tokens(prompt_len, new, window):
     model = tiny().eval()
     idx = torch.randint(0, 37, (3, prompt_len))
-    greedy = [model.generate(idx, new, temperature=0, use_cache=c) for c in (True, False)]
+    greedy = [model.generate(idx, new, temperature=0, use_cache=c, window=window) for c in (True, False)]
     assert torch.equal(greedy[0], greedy[1])
     seeded = [
-        model.generate(idx, new, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(5), use_cache=c)
+        model.generate(idx, new, 1.0, 10, generator=torch.Generator().manual_seed(5), use_cache=c, window=window)
         for c in (True, False)
     ]
     assert torch.equal(seeded[0], seeded[1])

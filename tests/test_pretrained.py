@@ -147,6 +147,15 @@ def test_hub_names_offline_unknown_and_without_transformers(hf_source, monkeypat
     assert load_pretrained(str(folder))[1]["n_layer"] == 2  # a local folder needs no transformers
 
 
+def test_an_unreachable_hub_fails_fast_through_the_cli(tmp_path):
+    """No 25 s of huggingface_hub retries: a hub that does not answer is an exit-2 error naming the folder option."""
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+    r = run_cli("sample", "--init_from=gpt2", "--device=cpu", "--num_samples=1", cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "the Hugging Face hub (http://127.0.0.1:9) does not answer" in r.stderr
+    assert "Pass --init_from=/path/to/folder holding config.json" in r.stderr  # the probe's message, not the retries'
+
+
 def tiny_gpt(bias: bool, vocab_size: int = 50304, seed: int = 5) -> GPT:
     torch.manual_seed(seed)
     return randomize_(

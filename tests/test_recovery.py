@@ -81,7 +81,7 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(char_data, tmp_path
     r = run_cli("train", *tiny_train_args(char_data, out, **common, init_from="resume"))
     assert r.returncode == 0, r.stderr
     assert "cannot read checkpoint" in r.stdout and str(out / "ckpt.pt") in r.stdout
-    assert f"resuming from {out / 'model_00010.pt'} (iter 10) instead" in r.stdout
+    assert f"resuming {out} from iter 10 ({out / 'model_00010.pt'}) (the newest readable checkpoint)" in r.stdout
     assert_same_weights(ck.load_checkpoint(str(out / "ckpt.pt")), ck.load_checkpoint(str(tmp_path / "whole/ckpt.pt")))
 
 

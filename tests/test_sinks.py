@@ -32,6 +32,7 @@ def test_samples_during_training_leave_training_untouched(char_data, tmp_path):
         r["loss"] for r in records(tmp_path / "sampled", "train")
     ]
     assert plain["losses"] == sampled["losses"]
+    assert not (tmp_path / "plain/samples.jsonl").exists()  # no samples, no file: the dashboard says so
     rows = [json.loads(line) for line in (tmp_path / "sampled/samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [4, 8, 10]  # every sample_interval and at the last step
     for r in rows:
@@ -54,6 +55,44 @@ def test_samples_during_training_leave_training_untouched(char_data, tmp_path):
     assert [json.loads(x)["samples"] for x in (tmp_path / "again/samples.jsonl").read_text().splitlines()] == [
         r["samples"] for r in rows
     ]
+
+
+def test_a_resumed_run_keeps_the_samples_of_earlier_steps(char_data, tmp_path):
+    common = dict(sample_interval=4, num_samples=1, sample_tokens=8, sample_prompt="A")
+    run(char_data, tmp_path / "r", max_iters=10, lr_decay_iters=16, **common)
+    first = (tmp_path / "r/samples.jsonl").read_text().splitlines(keepends=True)
+    assert [json.loads(x)["step"] for x in first] == [4, 8, 10]
+    with open(tmp_path / "r/samples.jsonl", "a") as fh:
+        fh.write('{"step": 9, "prompt"')  # a line torn by a crash: dropped, as in metrics.jsonl
+    run(char_data, tmp_path / "r", max_iters=16, lr_decay_iters=16, init_from="resume", **common)
+    lines = (tmp_path / "r/samples.jsonl").read_text().splitlines(keepends=True)
+    # resumed at step 10: the lines of steps before it kept as they were, step 10's written again (it is no
+    # longer the last step, so no sample there now), then the new ones
+    assert lines[:2] == first[:2]
+    assert [json.loads(x)["step"] for x in lines] == [4, 8, 12, 16]
+
+    # a run without samples resumed leaves none either
+    run(char_data, tmp_path / "plain", max_iters=4, lr_decay_iters=8, eval_interval=4)
+    run(char_data, tmp_path / "plain", max_iters=8, lr_decay_iters=8, eval_interval=4, init_from="resume")
+    assert not (tmp_path / "plain/samples.jsonl").exists()
+
+
+def test_metrics_creates_samples_jsonl_with_the_first_samples(tmp_path):
+    from gptforge.metrics import Metrics
+
+    m = Metrics(str(tmp_path))
+    m.log(0, "train", loss=2.0, lr=1e-3, ms_per_iter=1.0)
+    assert not (tmp_path / "samples.jsonl").exists()
+    m.log_samples(1, "A", ["Ab", "Ac"])
+    m.log_samples(2, "A", ["Ad"])
+    m.close()
+    rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["samples"]) for r in rows] == [(1, ["Ab", "Ac"]), (2, ["Ad"])]
+    # a fresh run in the same folder starts the samples over; resumed at step 2, the earlier ones stay
+    Metrics(str(tmp_path), resume_step=2).close()
+    assert [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1]
+    Metrics(str(tmp_path)).close()
+    assert (tmp_path / "samples.jsonl").read_text() == ""
 
 
 def test_sample_prompt_outside_the_vocabulary_is_a_user_error(char_data, tmp_path):

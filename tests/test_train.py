@@ -289,7 +289,7 @@ def test_auto_resolution_on_this_machine():
     expected_device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     assert resolve_device("auto") == expected_device
     assert resolve_device("cpu") == "cpu"
-    assert resolve_dtype("bfloat16", "cpu") == "bfloat16" and resolve_dtype("auto", "cpu", n_embd=128) == "float32"
+    assert resolve_dtype("bfloat16", "cpu", 128) == "bfloat16" and resolve_dtype("auto", "cpu", n_embd=128) == "float32"
     assert resolve_compile("auto", "cpu") is False and resolve_compile("auto", "cuda") is True
     assert resolve_compile(True, "cpu") is True and resolve_compile(False, "cuda") is False
     with pytest.raises(UserError, match="--device must be"):

@@ -19,15 +19,18 @@ from gptforge.console import log
 from gptforge.data.loader import read_meta
 from gptforge.device import (
     autocast_context,
+    available_memory,
     configure_backends,
     cpu_has_fast_bf16,
     device_type,
     measure_matmul_flops,
+    peak_flops,
     resolve_compile,
     resolve_device,
     resolve_dtype,
 )
 from gptforge.errors import UserError
+from gptforge.memory import check_fits, estimate_training_memory
 from gptforge.model import GPT, GPTConfig, model_args, model_vocab_size
 from gptforge.optim import accumulate_gradients, configure_optimizer
 from gptforge.tokenizer import GPT2_VOCAB
@@ -110,11 +113,16 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
     dev_type = device_type(device)
     configure_backends(dev_type)
     vocab_size = _dataset_vocab(cfg)
+    dtype = resolve_dtype(cfg.dtype, dev_type, cfg.n_embd)
+    # the float32 baseline keeps the larger activations: estimate for it when it runs too
+    estimate = estimate_training_memory(model_args(cfg, vocab_size), cfg.batch_size, "float32" if compare else dtype)
+    check_fits(estimate, *available_memory(device))
+    log(f"memory: {estimate.describe()} estimated per mode")
     default = Mode(
         "default",
         cfg,
         device,
-        resolve_dtype(cfg.dtype, dev_type, cfg.n_embd),
+        dtype,
         resolve_compile(cfg.compile, dev_type),
         fused=dev_type == "cuda",
         vocab_size=vocab_size,
@@ -146,15 +154,16 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
             m.peak_mem = max(m.peak_mem, mem)
             log(f"  round {r + 1}/{rounds} {m.name}: {statistics.median(m.times[-iters:]) * 1000:.1f} ms/iter")
     peaks = {dt: measure_matmul_flops(device, dt) for dt in ("float32", "bfloat16")}
-    peak = cfg.peak_flops or max(peaks.values())
     out: dict[str, Any] = {}
     for m in modes:
         dt = statistics.median(m.times)
         flops = m.raw.flops_per_token() * tokens_per_iter
+        peak = peak_flops(device, m.dtype, cfg.peak_flops)  # train's MFU: the ceiling of the dtype this mode runs
         out[m.name] = {
             "ms_per_iter": dt * 1000,
             "tokens_per_s": tokens_per_iter / dt,
             "mfu": flops / dt / peak,
+            "peak_flops": peak,
             "peak_mem_bytes": m.peak_mem,
             "dtype": m.dtype,
             "compile": m.compile,
@@ -165,7 +174,7 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
         out["speedup"] = out["default"]["tokens_per_s"] / out["baseline"]["tokens_per_s"]
     out["device"] = {
         "name": device,
-        "peak_flops": peak,
+        "peak_flops": out["default"]["peak_flops"],
         "matmul_ceiling_flops": peaks,
         "cpu_fast_bf16": dev_type == "cpu" and cpu_has_fast_bf16(),
         "threads": torch.get_num_threads(),

@@ -64,12 +64,13 @@ def call(func: Callable[..., Any], args: argparse.Namespace, **more: Any) -> Any
 
 def run_train(args: list[str]) -> int:
     from gptforge.aliases import alias_help
-    from gptforge.config import help_text, load_config
+    from gptforge.config import help_text
+    from gptforge.resume import load_run_config
 
     if "-h" in args or "--help" in args:
         print(TRAIN_USAGE + help_text() + "\n\nbuild-nanogpt's flag names (aliases -> key):\n" + alias_help())
         return 0
-    cfg = load_config(args)
+    cfg = load_run_config(args)
     from gptforge.train import train
 
     train(cfg)
@@ -101,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except UserError as e:
-        print(f"gptforge: error: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank meets the same mistake: say it once
+            print(f"gptforge: error: {e}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         print("gptforge: interrupted", file=sys.stderr)

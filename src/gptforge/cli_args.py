@@ -26,8 +26,19 @@ config keys (--key=DEFAULT  (type)):
 # fmt: off
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: X)" after each help text, only where it tells the reader something, and once: not for
+    None (the help says what happens without the option), not for flags (giving the flag is the setting: --no_cache
+    would read "(default: True)"), not where the help states its own default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.nargs == 0 or "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def formatter(prog: str) -> argparse.HelpFormatter:
-    return argparse.ArgumentDefaultsHelpFormatter(prog, max_help_position=30, width=110)
+    return DefaultsFormatter(prog, max_help_position=30, width=110)
 
 
 def add_device(p: argparse.ArgumentParser, seed_help: str | None = None) -> None:
@@ -92,7 +103,13 @@ def add_sample(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop_token", type=int, default=-1,
                    help=f"end a sample when this token id comes (GPT-2's <|endoftext|> is {GPT2_EOT}; -1 = never)")
     p.add_argument("--no_cache", dest="use_cache", action="store_false",
-                   help="recompute the whole context at every token instead of using the KV cache")
+                   help="recompute the whole context at every token instead of using the KV cache (default: the cache "
+                   "is on); the same tokens, only slower")
+    p.add_argument("--window", default="slide", choices=["slide", "half"],
+                   help="the context once a sample outgrows the model's block_size: 'slide' = the last block_size "
+                   "tokens at every step, as nanoGPT's sample.py (one full pass per token); 'half' = restart from "
+                   "the last block_size/2 tokens and grow again with the KV cache (faster on long samples; a "
+                   "shorter context, so other text)")
     add_device(p, seed_help="random seed: the same seed gives the same samples")
 
 
@@ -107,9 +124,9 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
                          "(sharded).")
     add_model_source(t, "score", "run folder holding ckpt.pt (a GPT-2 BPE run)")
     t.add_argument("--hellaswag_path", default=None,
-                   help="local hellaswag_val.jsonl; None = download it once into $GPTFORGE_CACHE_DIR/hellaswag "
-                   "(~/.cache/gptforge/hellaswag)")
-    t.add_argument("--limit", type=int, default=None, help="score only the first N examples; None = all 10,042")
+                   help="local hellaswag_val.jsonl (default: download it once into $GPTFORGE_CACHE_DIR/hellaswag, "
+                   "~/.cache/gptforge/hellaswag)")
+    t.add_argument("--limit", type=int, default=None, help="score only the first N examples (default: all 10,042)")
     t.add_argument("--batch_size", type=int, default=4, help="examples per forward pass (4 sequences each)")
     add_device(t)
     t = tasks.add_parser("loss", help="loss and perplexity on a dataset's splits", formatter_class=formatter,

@@ -186,15 +186,23 @@ def _kind(name: str) -> str:
 
 def read_config_file(path: str) -> list[tuple[str, Any, str]]:
     """Parse a nanoGPT config file as data: [(key, value, 'file:line')]. Nothing in it is executed."""
+    if os.path.isdir(path):
+        raise UserError(f"config file {path!r} is a folder; give a config file in it (e.g. {path}/train_gpt2.py)")
     if not os.path.isfile(path):
         hint = " (options start with --, e.g. --device=cpu)" if "=" in path else ""
         raise UserError(f"config file {path!r} not found{hint}; check the path (relative to {os.getcwd()})")
-    with open(path, encoding="utf-8") as fh:
-        source = fh.read()
     try:
-        tree = ast.parse(source, filename=path)
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=path)
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start}): a config file "
+            "holds `name = value` lines; was another file given in its place?"
+        ) from None
     except SyntaxError as e:
         raise UserError(f"{path}:{e.lineno}: not a valid config file: {e.msg}") from None
+    except ValueError as e:  # e.g. NUL bytes: a binary file
+        raise UserError(f"config file {path} is not text ({e}); a config file holds `name = value` lines") from None
     out = []
     for node in tree.body:
         where = f"{path}:{node.lineno}"

@@ -58,14 +58,14 @@ def cpu_has_fast_bf16() -> bool:
     return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
 
 
-def resolve_dtype(name: str, device_type: str, n_embd: int | None = None) -> str:
+def resolve_dtype(name: str, device_type: str, n_embd: int) -> str:
     """'auto' -> bfloat16 on CUDA when supported, else float16 (with a GradScaler); on CPU bfloat16 when the
     hardware has it (AMX / AVX512-BF16) and the model is at least CPU_BF16_MIN_WIDTH wide, else float32;
     float32 on MPS."""
     if name == "auto":
         if device_type == "cuda":
             return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        wide = n_embd is None or n_embd >= CPU_BF16_MIN_WIDTH
+        wide = n_embd >= CPU_BF16_MIN_WIDTH
         if device_type == "cpu" and wide and cpu_has_fast_bf16():
             return "bfloat16"
         return "float32"
@@ -128,3 +128,21 @@ def peak_flops(device: str, dtype: str, configured: float = 0.0) -> float:
             if key in name and dtype in table:
                 return table[dtype]
     return measure_matmul_flops(device, dtype)
+
+
+def available_memory(device: str, processes: int = 1) -> tuple[float | None, str]:
+    """(bytes one process may use on `device`, how to name it): a GPU's free memory, or the machine's available
+    RAM shared by the `processes` on it; None where it cannot be told (MPS)."""
+    kind = device_type(device)
+    if kind == "cuda":
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return float(free), f"{device} ({torch.cuda.get_device_name(device)})"
+    if kind != "cpu":
+        return None, device
+    try:
+        with open("/proc/meminfo") as fh:
+            available = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None, "this machine"
+    shared = f", shared by {processes} processes" if processes > 1 else ""
+    return available / processes, f"this machine (RAM{shared})"

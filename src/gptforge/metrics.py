@@ -32,15 +32,15 @@ class Metrics:
         self.wandb_run = self.tb = None
         if not enabled:
             return
-        for path, parse in (
-            (self.jsonl_path, _jsonl_step),
-            (self.txt_path, _txt_step),
-            (self.samples_path, _jsonl_step),
-        ):
-            _keep_before(path, parse, resume_step)
+        _keep_before(self.jsonl_path, _jsonl_step, resume_step)
+        _keep_before(self.txt_path, _txt_step, resume_step)
+        # samples.jsonl exists only once a run samples (the dashboard takes the file for samples); one left by an
+        # earlier run in this folder still follows the resume rule
+        if os.path.exists(self.samples_path):
+            _keep_before(self.samples_path, _jsonl_step, resume_step)
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.txt = open(self.txt_path, "a", encoding="utf-8")
-        self.samples = open(self.samples_path, "a", encoding="utf-8")
+        self.samples = None  # opened by the first log_samples
         if wandb is not None:
             self.wandb_run = _start_wandb(**wandb)
         if tensorboard:
@@ -73,6 +73,11 @@ class Metrics:
         if not self.enabled:
             return
         record = {"step": step, "prompt": prompt, "samples": texts, "time": round(time.time(), 3)}
+        if self.samples is None:
+            try:
+                self.samples = open(self.samples_path, "a", encoding="utf-8")
+            except OSError as e:
+                raise _write_error(self.samples_path, e) from None
         _append(self.samples, json.dumps(record, ensure_ascii=False))
         print(f"step {step}: samples", *[f"  > {t!r}" for t in texts], sep="\n", flush=True)
         joined = "\n\n---\n\n".join(texts)
@@ -90,6 +95,8 @@ class Metrics:
         if not self.enabled:
             return
         for fh in (self.jsonl, self.txt, self.samples):
+            if fh is None:
+                continue
             with contextlib.suppress(OSError):  # a full disk was reported where it happened; closing goes on
                 fh.close()
         if self.tb is not None:
@@ -105,10 +112,14 @@ def _append(fh, line: str) -> None:
         fh.write(line + "\n")
         fh.flush()
     except OSError as e:  # e.g. the disk filled up: stop with the checkpoints written so far intact
-        raise UserError(
-            f"cannot write {fh.name}: {e.strerror}; free space or choose another --out_dir, then "
-            "continue with --init_from=resume"
-        ) from None
+        raise _write_error(fh.name, e) from None
+
+
+def _write_error(path: str, e: OSError) -> UserError:
+    return UserError(
+        f"cannot write {path}: {e.strerror}; free space or choose another --out_dir, then "
+        "continue with --init_from=resume"
+    )
 
 
 def perplexity(loss: float) -> float:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import urllib.parse
+import urllib.request
 from typing import Any
 
 import torch
@@ -65,6 +68,13 @@ def _download(name: str) -> str:
             f"{what}: use one of {', '.join(GPT2_NAMES)} (downloaded from the Hugging Face hub), or {LOCAL_OPTION}"
         )
     hub, errors = _hf_hub()
+    cached = isinstance(hub.try_to_load_from_cache(name, "config.json"), str)
+    if not cached and not hub.constants.HF_HUB_OFFLINE and not _reachable(hub.constants.ENDPOINT):
+        # huggingface_hub itself would retry for ~25 s before failing
+        raise UserError(
+            f"cannot download {name}: the Hugging Face hub ({hub.constants.ENDPOINT}) does not answer within "
+            f"{HUB_PROBE_TIMEOUT_S:g} s. Offline? {LOCAL_OPTION[0].upper()}{LOCAL_OPTION[1:]}"
+        )
     try:
         config_path = hub.hf_hub_download(name, "config.json")
         try:
@@ -80,6 +90,21 @@ def _download(name: str) -> str:
             f"Offline? {LOCAL_OPTION[0].upper()}{LOCAL_OPTION[1:]}"
         ) from None
     return os.path.dirname(config_path)
+
+
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def _reachable(url: str) -> bool:
+    """Whether a TCP connection to `url`'s host (or to the HTTPS proxy, when one is set) opens quickly."""
+    proxy = urllib.request.getproxies().get("https")
+    parts = urllib.parse.urlsplit(proxy or url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _hf_hub() -> tuple[Any, Any]:

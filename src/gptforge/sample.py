@@ -11,13 +11,13 @@ from typing import Any
 import torch
 
 from gptforge.checkpoint import load_model
-from gptforge.config import FIELDS, TrainConfig
+from gptforge.config import CHOICES, FIELDS, TrainConfig
 from gptforge.console import log
 from gptforge.data.sources import read_txt
 from gptforge.device import autocast_context, device_type, resolve_device, resolve_dtype
 from gptforge.distributed import DistEnv
 from gptforge.errors import UserError
-from gptforge.model import GPT
+from gptforge.model import GPT, WINDOWS
 from gptforge.tokenizer import from_spec, tokenizer_spec
 
 SEPARATOR = "---------------"
@@ -39,6 +39,7 @@ class SampleArgs:
     device: str = "auto"
     dtype: str = "auto"
     use_cache: bool = True
+    window: str = "slide"  # past block_size: 'slide' (nanoGPT's context) or 'half' (faster); see GPT.generate_stream
 
 
 def read_start(start: str) -> str:
@@ -65,9 +66,13 @@ def sample(args: SampleArgs, out=None) -> list[str]:
         raise UserError(f"--top_k must not be negative (0 = all tokens), got {args.top_k}")
     if not 0.0 < args.top_p <= 1.0:
         raise UserError(f"--top_p must be in (0, 1], got {args.top_p} (1 = off)")
+    if args.window not in WINDOWS:
+        raise UserError(f"--window must be one of {', '.join(WINDOWS)}, got {args.window!r}")
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device_type(device))
+    if args.dtype not in CHOICES["dtype"]:
+        raise UserError(f"--dtype must be one of {', '.join(CHOICES['dtype'])}; got {args.dtype!r}")
     model, tok, _ = load_model(args.out_dir, args.ckpt, args.init_from, device)
+    dtype = resolve_dtype(args.dtype, device_type(device), model.config.n_embd)  # train's rule, for this model
     start = read_start(args.start)
     try:
         prompt = tok.encode(start)
@@ -81,7 +86,7 @@ def sample(args: SampleArgs, out=None) -> list[str]:
         raise UserError(f"--stop_token={args.stop_token} is not below the model's vocab_size {model.config.vocab_size}")
     log(
         f"generating {args.num_samples} sample(s) of up to {args.max_new_tokens} tokens on {device} ({dtype}"
-        f"{', KV cache' if args.use_cache else ''})"
+        f"{', KV cache' if args.use_cache else ''}, {args.window} window)"
     )
     texts = []
     for i in range(args.num_samples):
@@ -99,6 +104,7 @@ def sample(args: SampleArgs, out=None) -> list[str]:
                 generator=generator,
                 stop_token=args.stop_token if args.stop_token >= 0 else None,
                 use_cache=args.use_cache,
+                window=args.window,
             ):
                 ids.append(int(token))
                 text = tok.decode(ids)

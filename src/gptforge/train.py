@@ -24,6 +24,7 @@ from gptforge.evaluate.loss import estimate_loss
 from gptforge.metrics import Metrics
 from gptforge.model import GPT
 from gptforge.optim import accumulate_gradients, configure_optimizer, get_lr
+from gptforge.resume import continue_command
 from gptforge.sample import Sampler
 from gptforge.tokenizer import tokenizer_spec
 from gptforge.train_setup import (
@@ -31,6 +32,7 @@ from gptforge.train_setup import (
     compile_and_wrap,
     gradient_sync,
     hellaswag_task,
+    memory_estimate,
     open_batches,
     open_sinks,
     place_model,
@@ -124,7 +126,7 @@ def train_loop(run: Run, stop: StopFlag) -> dict[str, Any]:
                 metrics.log(step, "end", reason="max_iters reached")  # the dashboard reads: finished
             break
         if stop.requested:
-            metrics.info(f"stopped at iter {step}; continue with --init_from=resume")
+            metrics.info(f"stopped at iter {step}; continue with: {continue_command(cfg.out_dir, run.env.world_size)}")
             break
         # --- one training step ---------------------------------------------------------------------------------
         t0 = time.perf_counter()
@@ -248,7 +250,7 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run:
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
     meta = read_meta(folder)
     ckpt, source = resume_checkpoint(cfg, env, meta)
-    model, model_args = build_model(cfg, meta, ckpt, source)
+    model, model_args = build_model(cfg, env, meta, ckpt, source)
     cfg = resolve_config(cfg, env, meta, model_args)
     if env.rank:
         torch.manual_seed(cfg.seed + env.rank)  # then each rank its own stream: batches and dropout differ
@@ -292,6 +294,7 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run:
         f"model: {model.get_num_params() / 1e6:.2f}M parameters | device {env.device}, dtype {cfg.dtype}, "
         f"compile {cfg.compile}, {env.world_size} process(es)\n"
         f"tokens per iteration: {run.tokens_per_iter:,} = {accum} accumulation x {env.world_size} processes x "
-        f"{cfg.batch_size} batch x {cfg.block_size} block"
+        f"{cfg.batch_size} batch x {cfg.block_size} block\n"
+        f"memory: {memory_estimate(cfg, env, model_args).describe()} estimated per process"
     )
     return run

@@ -24,13 +24,15 @@ from gptforge.checkpoint import (
 )
 from gptforge.config import TrainConfig
 from gptforge.data.loader import Batches, loader_kind, make_batches
-from gptforge.device import resolve_compile, resolve_dtype
+from gptforge.device import available_memory, resolve_compile, resolve_dtype
 from gptforge.distributed import DistEnv
 from gptforge.errors import UserError
 from gptforge.evaluate.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_file, load_examples
 from gptforge.files import CONFIG, atomic_write
+from gptforge.memory import MemoryEstimate, check_fits, estimate_training_memory
 from gptforge.metrics import Metrics
 from gptforge.model import GPT, MODEL_ARGS, GPTConfig, model_args, model_vocab_size
+from gptforge.resume import resume_changes
 from gptforge.tokenizer import from_spec, tokenizer_spec
 
 
@@ -39,8 +41,15 @@ def resume_checkpoint(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> t
     if cfg.init_from != "resume":
         return None, ""
     ckpt, source, problems = load_resumable(cfg.out_dir, map_location=env.device)
-    if problems and env.is_main:
-        print(f"{'; '.join(problems)}\nresuming from {source} (iter {ckpt['iter_num']}) instead", flush=True)
+    if env.is_main:
+        for problem in problems:
+            print(problem, flush=True)
+        newest = " (the newest readable checkpoint)" if problems else ""
+        print(f"resuming {cfg.out_dir} from iter {ckpt['iter_num']} ({source}){newest}", flush=True)
+        changes = resume_changes(cfg)
+        if changes:
+            shown = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items())
+            print(f"changed from the run's config.json: {shown}", flush=True)
     if ckpt.get("tokenizer") not in (None, tokenizer_spec(meta)):  # nanoGPT's checkpoints have none
         raise UserError(
             f"{source} was trained with another vocabulary than dataset {cfg.dataset!r} has; resume "
@@ -50,7 +59,7 @@ def resume_checkpoint(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> t
 
 
 def build_model(
-    cfg: TrainConfig, meta: dict[str, Any], ckpt: dict[str, Any] | None, source: str
+    cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], ckpt: dict[str, Any] | None, source: str
 ) -> tuple[GPT, dict[str, Any]]:
     """A new model sized from the config and the dataset's vocabulary, the checkpoint's model, or GPT-2's."""
     if cfg.init_from not in ("scratch", "resume"):
@@ -63,11 +72,23 @@ def build_model(
             f"dataset {cfg.dataset!r} has vocab_size {meta['vocab_size']} but the model only "
             f"{args['vocab_size']}; resume on the dataset the model was trained on"
         )
+    check_memory(cfg, env, args)
     if model is None:
         model = GPT(GPTConfig(**args, dropout=cfg.dropout))
         if ckpt is not None:
             load_model_state(model, ckpt["model"], source)
     return model, args
+
+
+def memory_estimate(cfg: TrainConfig, env: DistEnv, model_args: dict[str, Any]) -> MemoryEstimate:
+    shards = env.world_size if env.ddp and cfg.parallel == "fsdp" else 1
+    return estimate_training_memory(model_args, cfg.batch_size, cfg.dtype, shards)
+
+
+def check_memory(cfg: TrainConfig, env: DistEnv, model_args: dict[str, Any]) -> None:
+    """Stop before allocating a model that cannot train here (exit 2 naming the keys to lower)."""
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if env.device_type == "cpu" else 1
+    check_fits(memory_estimate(cfg, env, model_args), *available_memory(env.device, processes))
 
 
 def pretrained_model(cfg: TrainConfig, meta: dict[str, Any]) -> tuple[GPT, dict[str, Any]]:

@@ -95,6 +95,14 @@ class Run:
         cfg = read_json(self.file(CONFIG))
         return cfg if isinstance(cfg, dict) else None
 
+    def has_samples(self) -> bool:
+        """samples.jsonl holds something. train writes it with the first samples, but earlier versions created it
+        empty in every run: an empty file is no samples, or the page would wait for them forever."""
+        try:
+            return os.stat(self.file(SAMPLES)).st_size > 0
+        except OSError:
+            return False
+
     def refresh(self) -> os.stat_result | None:
         """Read the new lines of metrics.jsonl into the summary; the file's stat, or None if it is gone."""
         with self.lock:
@@ -173,7 +181,7 @@ class Run:
             "updated": st.st_mtime if st is not None else None,
             "size": st.st_size if st is not None else None,
             "has_config": cfg is not None,
-            "has_samples": os.path.isfile(self.file(SAMPLES)),
+            "has_samples": self.has_samples(),
             "config": {k: cfg[k] for k in keys if k in cfg} if cfg else {},
         }
 

@@ -276,6 +276,9 @@ def start_dashboard(
 def serve(folders: Sequence[str], host: str = "127.0.0.1", port: int = 0) -> None:
     """`gptforge dashboard`: check the folders, print the URL, serve until Ctrl-C."""
     for folder in folders:
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            parent = os.path.dirname(folder) or "."
+            raise UserError(f"{folder} is a file, not a folder: give its run folder ({parent}) or a folder of runs")
         if not os.path.isdir(folder):
             raise UserError(f"{folder}: no such folder; give run folders or folders of runs (default: .)")
     server = make_server(folders, host, port)

@@ -20,6 +20,7 @@ from gptforge.tokenizer import CharTokenizer, GPT2Tokenizer
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 OFFLINE_HINT = "Pass --input PATH to a local copy of the file"
+MIN_SPLIT_TOKENS = 9  # below this no block_size that makes sense (8 is the smallest) fits in a split
 
 
 def prepare(
@@ -57,11 +58,12 @@ def prepare(
         train, val = ids[:n_train], ids[n_train:]
     else:
         raise UserError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
-    if not train or not val:
+    if min(len(train), len(val)) < MIN_SPLIT_TOKENS:
         source = ", ".join(map(str, files)) if recipe == "text" else input_path or os.path.join(folder, "input.txt")
         raise UserError(
-            f"too little text in {source}: {len(train)} train and {len(val)} val tokens; give more text "
-            f"(or another --val_fraction than {val_fraction})"
+            f"too little text in {source}: {len(train)} train and {len(val)} val tokens, and each split needs at "
+            f"least {MIN_SPLIT_TOKENS} (one window of block_size {MIN_SPLIT_TOKENS - 1} and its next token) to train "
+            f"on at all; give more text (or another --val_fraction than {val_fraction})"
         )
     meta = {
         "vocab_size": tok.vocab_size,

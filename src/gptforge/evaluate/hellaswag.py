@@ -249,8 +249,8 @@ def eval_hellaswag(
             raise UserError(f"--{key} must be a positive integer, got {value}")
     env = setup_distributed(device, "auto")
     try:
-        dtype = resolve_dtype(dtype, env.device_type)
         model, tokenizer, _ = load_model(out_dir, ckpt, init_from, env.device)
+        dtype = resolve_dtype(dtype, env.device_type, model.config.n_embd)  # train's rule, for this model
         check_tokenizer(tokenizer)
         if env.ddp and not env.is_main:
             dist.barrier()  # rank 0 downloads; the others then find the file in the cache

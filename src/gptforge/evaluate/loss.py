@@ -84,7 +84,7 @@ def eval_loss(
     loaders = {
         s: make_batches(folder, meta, s, kind, batch, block, model.config.vocab_size, device, seed) for s in splits
     }
-    dtype = resolve_dtype(dtype, device_type(device))
+    dtype = resolve_dtype(dtype, device_type(device), model.config.n_embd)  # train's rule, for this model
     log(f"loss: {iters} batches of {batch} x {block} tokens per split from {folder} on {device} ({dtype})")
     losses = estimate_loss(model, loaders, iters, autocast_context(device_type(device), dtype))
     for s in splits:

@@ -15,7 +15,7 @@ const S = {
   runs: new Map(),     // id -> summary from /api/runs
   data: new Map(),     // id -> metrics columns
   configs: new Map(),  // id -> {key, config}
-  samples: new Map(),  // id -> {at, list}
+  samples: new Map(),  // id -> {updated, list}
   selected: [],        // ids, in the order ticked
   focus: null,         // id shown in the details panel
   log: false,
@@ -303,6 +303,19 @@ function line(run, x, y, extra) {
   }, extra || {});
 }
 
+// A noisy train series (loss, tokens/s, MFU) smoothed by the slider, with its raw points drawn faintly behind
+// while smoothing is on, so spikes stay visible. `name` is the smoothed trace's, `value` its hover format.
+function smoothed(run, x, y, name, value) {
+  const out = [];
+  if (S.smoothing > 0) {
+    out.push(line(run, x, y, { name: `${name} (raw)`, opacity: 0.25, hoverinfo: "skip", hovertemplate: undefined,
+      line: { color: colour(run), width: 1 } }));
+  }
+  out.push(line(run, x, smooth(y, S.smoothing), { name,
+    hovertemplate: `${name}<br>step %{x}: ${value}<extra></extra>` }));
+  return out;
+}
+
 // Skipped steps: red x markers along the bottom of a chart (on a hidden 0..1 axis, so they sit at their step
 // whatever the loss scale), each with its reason on hover.
 function skipAxis() { return { overlaying: "y", range: [0, 1], fixedrange: true, visible: false }; }
@@ -381,22 +394,15 @@ function renderCharts() {
     const d = S.data.get(run.id);
     if (!d) continue;
     const t = d.train, c = colour(run);
-    if (S.smoothing > 0) {
-      loss.push(line(run, t.step, t.loss, { name: `${run.name} train (raw)`, opacity: 0.25, hoverinfo: "skip",
-        hovertemplate: undefined, line: { color: c, width: 1 } }));
-    }
-    loss.push(line(run, t.step, smooth(t.loss, S.smoothing), { name: `${run.name} train`,
-      hovertemplate: `${run.name} train<br>step %{x}: %{y:.4f}<extra></extra>` }));
+    loss.push(...smoothed(run, t.step, t.loss, `${run.name} train`, "%{y:.4f}"));
     loss.push(line(run, d.eval.step, d.eval.val_loss, { name: `${run.name} val`, mode: "lines+markers",
       line: { color: c, width: 2, dash: "dash" }, marker: { size: 7, color: c, line: { color: cssVar("--panel"), width: 1.5 } },
       hovertemplate: `${run.name} val<br>step %{x}: %{y:.4f}<extra></extra>` }));
     if (d.skip.step.length) skips.push(skipTrace(run, d.skip));
     lr.push(line(run, t.step, t.lr, { hovertemplate: `${run.name}<br>step %{x}: %{y:.3e}<extra></extra>` }));
     grad.push(line(run, t.step, smooth(t.grad_norm, S.smoothing)));
-    tps.push(line(run, t.step, smooth(t.tokens_per_s, S.smoothing),
-      { hovertemplate: `${run.name}<br>step %{x}: %{y:,.0f} tok/s<extra></extra>` }));
-    mfu.push(line(run, t.step, t.mfu.map((v) => (v === null ? null : v * 100)),
-      { hovertemplate: `${run.name}<br>step %{x}: %{y:.2f}%<extra></extra>` }));
+    tps.push(...smoothed(run, t.step, t.tokens_per_s, run.name, "%{y:,.0f} tok/s"));
+    mfu.push(...smoothed(run, t.step, t.mfu.map((v) => (v === null ? null : v * 100)), run.name, "%{y:.2f}%"));
     if (d.hellaswag.step.length) {
       hs.push(line(run, d.hellaswag.step, d.hellaswag.acc_norm, { name: `${run.name} acc_norm`,
         mode: "lines+markers", marker: { size: 6, color: c },
@@ -529,11 +535,14 @@ function renderDetails() {
   // samples
   const box = $("samples");
   const d = run && S.data.get(run.id);
-  let list = (run && S.samples.get(run.id)?.list) || [];
+  const got = run && run.has_samples ? S.samples.get(run.id) : undefined;  // a resume may empty the file again
+  let list = got?.list || [];
   if (!list.length && d) list = d.sample.slice(-8);
   if (!list.length) {
-    box.replaceChildren(el("p", { class: "muted" }, run && run.has_samples ? "Loading samples…"
-      : "No samples yet: they appear when the run writes samples.jsonl."));
+    // loading only until the first answer: a file without a readable sample is no samples
+    const every = run && S.configs.get(run.id)?.config?.sample_interval;  // on, but not reached yet
+    box.replaceChildren(el("p", { class: "muted" }, !run ? "" : run.has_samples && !got ? "Loading samples…"
+      : every > 0 ? `no samples yet (every ${every} steps)` : "no samples (enable with --sample_interval)"));
   } else {
     const items = [];
     for (const s of [...list].reverse()) {

@@ -1,0 +1,60 @@
+"""What a training run needs in memory, estimated from its settings before anything is allocated, so that a
+config far too big for the machine is a clear error instead of an allocation traceback (docs/PERFORMANCE.md,
+"Memory")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gptforge.errors import UserError
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per process: weights, gradients and AdamW's two moments (float32), and the activations one
+    micro-batch keeps for its backward pass."""
+
+    parameters: int  # count
+    states: float  # weights + gradients + AdamW moments
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.states + self.activations
+
+    def describe(self) -> str:
+        return (
+            f"~{self.total / GB:.2f} GB ({self.parameters / 1e6:,.2f}M parameters: {self.states / GB:.2f} GB with "
+            f"gradients and AdamW state; activations {self.activations / GB:.2f} GB)"
+        )
+
+
+def estimate_training_memory(
+    model_args: dict[str, Any], batch_size: int, dtype: str, shards: int = 1
+) -> MemoryEstimate:
+    """A lower-bound estimate, so that it never refuses a config that fits: each block's matrices (12 C^2) plus
+    the embeddings, 16 bytes per parameter (float32 weight, gradient, two AdamW moments; divided over `shards`
+    under FSDP), and per token of the micro-batch about 16 C saved values per block (LayerNorm outputs, q, k, v,
+    attention output, the MLP's 4C input and GELU output) and the logits (3 copies of V floats: logits, their
+    float32 cast, the softmax gradient)."""
+    L, C, T, V = model_args["n_layer"], model_args["n_embd"], model_args["block_size"], model_args["vocab_size"]
+    parameters = 12 * L * C * C + V * C + T * C
+    states = 16 * parameters / shards
+    width = 4 if dtype == "float32" else 2  # autocast keeps most saved activations in 16 bits
+    tokens = batch_size * T
+    activations = tokens * (16 * L * C * width + 3 * V * 4)
+    return MemoryEstimate(parameters, states, activations)
+
+
+def check_fits(estimate: MemoryEstimate, available: float | None, where: str) -> None:
+    """A UserError naming the keys to lower when the estimate exceeds the memory `available` on `where`."""
+    if available is None or estimate.total <= available:
+        return
+    raise UserError(
+        f"this config needs {estimate.describe()} per process, but {where} has {available / GB:.2f} GB available: "
+        "lower --n_embd or --n_layer (parameters), --batch_size or --block_size (activations; keep the tokens per "
+        "step with --gradient_accumulation_steps)"
+    )

@@ -1,0 +1,54 @@
+"""The memory estimate that stops configs too big for the machine: a lower bound of what training really holds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptforge.errors import UserError
+from gptforge.memory import GB, check_fits, estimate_training_memory
+from gptforge.model import GPT, GPTConfig
+from gptforge.optim import configure_optimizer
+
+SHAPES = [
+    dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, bias=False),
+    dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, bias=True),
+    dict(n_layer=3, n_head=4, n_embd=64, block_size=128, vocab_size=512, bias=True),
+]
+
+
+@pytest.mark.parametrize("args", SHAPES)
+def test_parameters_and_states_are_a_lower_bound_of_the_real_ones(args):
+    """Against a real model after one AdamW step: its parameters, gradients and both moments, in bytes."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**args))
+    optimizer = configure_optimizer(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
+    x = torch.randint(args["vocab_size"], (2, args["block_size"]))
+    _, loss = model(x, x)
+    loss.backward()
+    optimizer.step()
+    real = model.get_num_params(non_embedding=False)
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    held += sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
+    held += sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if t.dim())
+    est = estimate_training_memory(args, batch_size=2, dtype="float32")
+    assert 0.9 * real <= est.parameters <= real  # biases and LayerNorm gains are left out
+    assert 0.9 * held <= est.states <= held
+
+
+def test_activations_grow_with_the_micro_batch_and_shrink_in_16_bits():
+    args = SHAPES[1]
+    one, two = (estimate_training_memory(args, b, "float32").activations for b in (1, 2))
+    assert two == 2 * one
+    assert estimate_training_memory(args, 1, "bfloat16").activations < one
+    fsdp = estimate_training_memory(args, 1, "float32", shards=4)
+    assert fsdp.states == estimate_training_memory(args, 1, "float32").states / 4
+
+
+def test_a_config_that_does_not_fit_names_the_keys_to_lower():
+    est = estimate_training_memory(dict(n_layer=2, n_head=16, n_embd=65536, block_size=32, vocab_size=65), 8, "float32")
+    assert est.total > 100 * GB
+    with pytest.raises(UserError, match=r"needs ~\d.* GB .* this machine has 24.00 GB available: lower --n_embd"):
+        check_fits(est, 24 * GB, "this machine")
+    check_fits(est, None, "an MPS device")  # unknown memory: no refusal
+    check_fits(est, est.total, "a big machine")
