@@ -37,16 +37,8 @@ def test_prepare_train_sample_end_to_end(tmp_path, shakespeare_path):
     assert len(val) == 3 and val[-1] < val[0] - 0.8, val  # ln(65) = 4.17 -> below ~3.3 in 50 steps
     assert "iter 40: loss" in r.stdout and "tok/s" in r.stdout
 
-    r = run_cli(
-        "sample",
-        "--out_dir",
-        out,
-        "--start=ROMEO:",
-        "--num_samples=2",
-        "--max_new_tokens=60",
-        "--device=cpu",
-        cwd=tmp_path,
-    )
+    sample = ["sample", "--out_dir", out, "--start=ROMEO:", "--max_new_tokens=60", "--device=cpu"]
+    r = run_cli(*sample, "--num_samples=2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     parts = r.stdout.split("---------------\n")
     assert len(parts) == 3 and parts[-1] == ""  # two samples, each followed by the separator, nothing else
@@ -54,39 +46,11 @@ def test_prepare_train_sample_end_to_end(tmp_path, shakespeare_path):
         assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 60 + 1
         assert set(text) <= set(shakespeare_path.read_text())
     assert "generating 2 sample(s)" in r.stderr and "generating" not in r.stdout
-    again = run_cli(
-        "sample",
-        "--out_dir",
-        out,
-        "--start=ROMEO:",
-        "--num_samples=2",
-        "--max_new_tokens=60",
-        "--device=cpu",
-        cwd=tmp_path,
-    )
+    again = run_cli(*sample, "--num_samples=2", cwd=tmp_path)
     assert again.stdout == r.stdout  # same seed, same samples
-    uncached = run_cli(
-        "sample",
-        "--out_dir",
-        out,
-        "--start=ROMEO:",
-        "--num_samples=2",
-        "--max_new_tokens=60",
-        "--device=cpu",
-        "--no_cache",
-        cwd=tmp_path,
-    )
+    uncached = run_cli(*sample, "--num_samples=2", "--no_cache", cwd=tmp_path)
     assert uncached.stdout == r.stdout  # the KV cache changes the speed, not the text
-    one = run_cli(
-        "sample",
-        "--out_dir",
-        out,
-        "--start=ROMEO:",
-        "--num_samples=1",
-        "--max_new_tokens=60",
-        "--device=cpu",
-        cwd=tmp_path,
-    )
+    one = run_cli(*sample, "--num_samples=1", cwd=tmp_path)
     assert r.stdout.startswith(one.stdout)  # sample i does not depend on how many are drawn
 
 

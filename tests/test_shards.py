@@ -275,25 +275,12 @@ def test_openwebtext_from_a_saved_dataset(tmp_path, tiktoken_cache, hub_docs):
 def test_fineweb_edu_from_a_saved_datasetdict_and_from_files(tmp_path, tiktoken_cache, hub_docs):
     saved = tmp_path / "fw"
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": hub_docs})}).save_to_disk(str(saved))
-    prepare_shards(
-        "fineweb_edu",
-        data_dir=str(tmp_path / "data"),
-        input_path=str(saved),
-        shard_size=700,
-        val_tokens=400,
-        num_proc=1,
-    )
+    sizes = dict(shard_size=700, val_tokens=400, num_proc=1)
+    prepare_shards("fineweb_edu", data_dir=str(tmp_path / "data"), input_path=str(saved), **sizes)
     check_dataset(tmp_path / "data" / "fineweb_edu", hub_docs)
     jsonl = tmp_path / "fw.jsonl"
     jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in hub_docs), encoding="utf-8")
-    prepare_shards(
-        "fineweb_edu",
-        data_dir=str(tmp_path / "data2"),
-        input_path=str(jsonl),
-        shard_size=700,
-        val_tokens=400,
-        num_proc=1,
-    )
+    prepare_shards("fineweb_edu", data_dir=str(tmp_path / "data2"), input_path=str(jsonl), **sizes)
     from_files, from_disk = (shard_files(tmp_path / d / "fineweb_edu") for d in ("data2", "data"))
     assert json.loads(from_files.pop("meta.json"))["source"] == f"fineweb_edu from {jsonl}"
     assert from_files == {k: v for k, v in from_disk.items() if k != "meta.json"}

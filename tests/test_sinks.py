@@ -18,16 +18,8 @@ def wandb_env(folder) -> dict[str, str]:
 
 def test_samples_during_training_leave_training_untouched(char_data, tmp_path):
     plain = run(char_data, tmp_path / "plain", max_iters=10, dropout=0.1)
-    sampled = run(
-        char_data,
-        tmp_path / "sampled",
-        max_iters=10,
-        dropout=0.1,
-        sample_interval=4,
-        num_samples=3,
-        sample_tokens=12,
-        sample_prompt="All:",
-    )
+    sampling = dict(max_iters=10, dropout=0.1, sample_interval=4, num_samples=3, sample_tokens=12, sample_prompt="All:")
+    sampled = run(char_data, tmp_path / "sampled", **sampling)
     assert [r["loss"] for r in records(tmp_path / "plain", "train")] == [
         r["loss"] for r in records(tmp_path / "sampled", "train")
     ]
@@ -39,16 +31,7 @@ def test_samples_during_training_leave_training_untouched(char_data, tmp_path):
         assert r["prompt"] == "All:" and len(r["samples"]) == 3
         assert all(s.startswith("All:") and len(s) == len("All:") + 12 for s in r["samples"])
     # seeded 42 + rank: the same run samples the same text
-    run(
-        char_data,
-        tmp_path / "again",
-        max_iters=10,
-        dropout=0.1,
-        sample_interval=4,
-        num_samples=3,
-        sample_tokens=12,
-        sample_prompt="All:",
-    )
+    run(char_data, tmp_path / "again", **sampling)
     assert (tmp_path / "again/samples.jsonl").read_text().count("All:") == (
         tmp_path / "sampled/samples.jsonl"
     ).read_text().count("All:")

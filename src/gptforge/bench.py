@@ -158,7 +158,8 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
     for m in modes:
         dt = statistics.median(m.times)
         flops = m.raw.flops_per_token() * tokens_per_iter
-        peak = peak_flops(device, m.dtype, cfg.peak_flops)  # train's MFU: the ceiling of the dtype this mode runs
+        # train's MFU: the ceiling of the dtype this mode runs in (on a CPU, the one measured just above)
+        peak = peak_flops(device, m.dtype, cfg.peak_flops, measured=peaks)
         out[m.name] = {
             "ms_per_iter": dt * 1000,
             "tokens_per_s": tokens_per_iter / dt,

@@ -118,8 +118,9 @@ def measure_matmul_flops(device: str, dtype: str, n: int = 2048, reps: int = 3) 
     return 2 * n**3 / best
 
 
-def peak_flops(device: str, dtype: str, configured: float = 0.0) -> float:
-    """The peak MFU is measured against: configured, else a GPU data-sheet figure, else a measured matmul ceiling."""
+def peak_flops(device: str, dtype: str, configured: float = 0.0, measured: dict[str, float] | None = None) -> float:
+    """The peak MFU is measured against: configured, else a GPU data-sheet figure, else a measured matmul ceiling
+    (taken from `measured`, by dtype, when the caller has measured it already)."""
     if configured > 0:
         return configured
     if device.startswith("cuda"):
@@ -127,6 +128,8 @@ def peak_flops(device: str, dtype: str, configured: float = 0.0) -> float:
         for key, table in GPU_PEAK_FLOPS.items():
             if key in name and dtype in table:
                 return table[dtype]
+    if measured and dtype in measured:
+        return measured[dtype]
     return measure_matmul_flops(device, dtype)
 
 

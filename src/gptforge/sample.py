@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gptforge.checkpoint import load_model
-from gptforge.config import CHOICES, FIELDS, TrainConfig
+from gptforge.config import FIELDS, TrainConfig
 from gptforge.console import log
 from gptforge.data.sources import read_txt
 from gptforge.device import autocast_context, device_type, resolve_device, resolve_dtype
@@ -69,8 +69,6 @@ def sample(args: SampleArgs, out=None) -> list[str]:
     if args.window not in WINDOWS:
         raise UserError(f"--window must be one of {', '.join(WINDOWS)}, got {args.window!r}")
     device = resolve_device(args.device)
-    if args.dtype not in CHOICES["dtype"]:
-        raise UserError(f"--dtype must be one of {', '.join(CHOICES['dtype'])}; got {args.dtype!r}")
     model, tok, _ = load_model(args.out_dir, args.ckpt, args.init_from, device)
     dtype = resolve_dtype(args.dtype, device_type(device), model.config.n_embd)  # train's rule, for this model
     start = read_start(args.start)
