@@ -10,7 +10,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gptforge"
 # The modules bottom up: each may import only modules listed before it (errors, the leaf, is open to all), so
 # imports flow one way and there are no cycles. docs/ARCHITECTURE.md "Imports flow one way" names the groups.
 GROUPS = [
-    ("errors", "console", "files"),  # standard library only: the dashboard may use them
+    ("errors", "console", "files", "allocator"),  # standard library only: the dashboard may use them
     ("aliases", "config", "resume", "memory", "tokenizer", "model"),  # settings, vocabularies, the network
     ("device", "distributed", "optim", "metrics"),  # where and how it runs, what it reports
     ("data", "data.sources", "data.loader", "data.prepare", "data.shards"),  # datasets in, batches out

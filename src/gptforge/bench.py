@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from gptforge.allocator import keep_freed_memory
 from gptforge.config import TrainConfig
 from gptforge.console import log
 from gptforge.data.loader import read_meta
@@ -22,12 +23,15 @@ from gptforge.device import (
     available_memory,
     configure_backends,
     cpu_has_fast_bf16,
+    cpu_kind,
+    describe_cpu,
     device_type,
     measure_matmul_flops,
     peak_flops,
     resolve_compile,
     resolve_device,
     resolve_dtype,
+    resolve_fast_dropout,
 )
 from gptforge.errors import UserError
 from gptforge.memory import check_fits, estimate_training_memory
@@ -72,18 +76,24 @@ def reset_peak_rss() -> None:
 class Mode:
     """One way of running the step: a model, its optimizer and settings, ready to time."""
 
-    def __init__(
-        self, name: str, cfg: TrainConfig, device: str, dtype: str, compile_: bool, fused: bool, vocab_size: int
-    ):
-        self.name, self.device, self.dtype, self.compile = name, device, dtype, compile_
+    def __init__(self, name: str, cfg: TrainConfig, device: str, vocab_size: int, fast: bool):
+        """fast: the run's resolved defaults (dtype, compile, fused AdamW on CUDA, fast dropout masks), else
+        nanoGPT's arithmetic (float32, eager, foreach AdamW, torch's dropout)."""
+        dev = device_type(device)
+        self.name, self.device = name, device
+        self.dtype = resolve_dtype(cfg.dtype, dev, cfg.n_embd) if fast else "float32"
+        self.compile = resolve_compile(cfg.compile, dev) if fast else False
+        self.fast_dropout = fast and resolve_fast_dropout(cfg.fast_dropout, dev)
+        fused = fast and dev == "cuda"
         torch.manual_seed(cfg.seed)  # both modes start from the same weights
         self.raw = GPT(GPTConfig(**model_args(cfg, vocab_size), dropout=cfg.dropout)).to(device)
+        self.raw.use_fast_dropout(self.fast_dropout)
         self.optimizer = configure_optimizer(
             self.raw, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cuda" if fused else "cpu"
         )
-        self.model = torch.compile(self.raw) if compile_ else self.raw
-        self.ctx = autocast_context(device_type(device), dtype)
-        self.scaler = torch.amp.GradScaler(device_type(device), enabled=dtype == "float16")
+        self.model = torch.compile(self.raw) if self.compile else self.raw
+        self.ctx = autocast_context(dev, self.dtype)
+        self.scaler = torch.amp.GradScaler(dev, enabled=self.dtype == "float16")
         self.batches = RandomTokens(cfg.batch_size, cfg.block_size, vocab_size, device)
         self.accum, self.grad_clip = cfg.gradient_accumulation_steps, cfg.grad_clip
         self.x, self.y = self.batches.next_batch()
@@ -117,23 +127,16 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
     # the float32 baseline keeps the larger activations: estimate for it when it runs too
     estimate = estimate_training_memory(model_args(cfg, vocab_size), cfg.batch_size, "float32" if compare else dtype)
     check_fits(estimate, *available_memory(device))
-    log(f"memory: {estimate.describe()} estimated per mode")
-    default = Mode(
-        "default",
-        cfg,
-        device,
-        dtype,
-        resolve_compile(cfg.compile, dev_type),
-        fused=dev_type == "cuda",
-        vocab_size=vocab_size,
-    )
+    log(f"memory: {estimate.describe()} estimated per mode\n{keep_freed_memory()}")
+    default = Mode("default", cfg, device, vocab_size, fast=True)
     modes = [default]
     if compare:
-        modes.append(Mode("baseline", cfg, device, "float32", False, fused=False, vocab_size=vocab_size))
+        modes.append(Mode("baseline", cfg, device, vocab_size, fast=False))
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     log(
         f"model {default.raw.get_num_params() / 1e6:.2f}M params, {tokens_per_iter:,} tokens/iter on {device}; "
-        f"modes: " + ", ".join(f"{m.name} ({m.dtype}, compile={m.compile})" for m in modes)
+        "modes: "
+        + ", ".join(f"{m.name} ({m.dtype}, compile={m.compile}, fast_dropout={m.fast_dropout})" for m in modes)
     )
     for m in modes:  # warm-up: first steps pay for allocation, kernel selection and compilation
         t0 = time.perf_counter()
@@ -169,6 +172,7 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
             "dtype": m.dtype,
             "compile": m.compile,
             "compile_s": m.compile_s,
+            "fast_dropout": m.fast_dropout,
             "achieved_flops": flops / dt,
         }
     if compare:
@@ -179,7 +183,9 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
         "matmul_ceiling_flops": peaks,
         "cpu_fast_bf16": dev_type == "cpu" and cpu_has_fast_bf16(),
         "threads": torch.get_num_threads(),
-        "cpu": _cpu_name(),
+        "cpu": describe_cpu(cpu_kind()) if dev_type == "cpu" else "",
+        "cpu_kind": cpu_kind() if dev_type == "cpu" else {},
+        "gpu": torch.cuda.get_device_name(device) if dev_type == "cuda" else "",
     }
     return out
 
@@ -240,17 +246,6 @@ def _dataset_vocab(cfg: TrainConfig) -> int:
     )
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def run_bench(
     cfg: TrainConfig,
     compare: bool,
@@ -284,6 +279,7 @@ def run_bench(
             "bias",
             "dtype",
             "compile",
+            "fast_dropout",
         )
     }
     if as_json:
@@ -301,9 +297,11 @@ def run_bench(
             print(f" speedup: {result['speedup']:.2f}x tokens/s over the baseline")
         dev = result["device"]
         print(
-            f"  device: {dev['name']} ({dev['cpu']}), peak {dev['peak_flops'] / 1e9:,.0f} GFLOP/s; matmul ceilings "
+            f"  device: {dev['name']} ({dev['cpu'] or dev['gpu']}), {dev['threads']} threads\n"
+            f"  matmul ceilings: "
             + ", ".join(f"{k} {v / 1e9:,.0f}" for k, v in dev["matmul_ceiling_flops"].items())
-            + " GFLOP/s"
+            + f" GFLOP/s; MFU against {dev['peak_flops'] / 1e9:,.0f} GFLOP/s, the ceiling of the default's "
+            f"{result['default']['dtype']}"
         )
         if "generation" in result:
             g = result["generation"]

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gptforge.allocator import keep_freed_memory
 from gptforge.cli_args import TRAIN_USAGE, bench_parser, build_parser
 from gptforge.data import SHARD_RECIPES
 from gptforge.errors import UserError
@@ -99,6 +100,7 @@ def run_bench(args: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    keep_freed_memory()  # before torch allocates anything large; reaches every process started from here
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except UserError as e:

@@ -112,6 +112,12 @@ class TrainConfig:
         "float16; CPU: bf16 with AMX/AVX512-BF16 and n_embd >= 256, else float32; MPS: float32)",
     )
     compile: bool | str = _f("auto", "torch.compile the model: True, False or 'auto' (on for CUDA, off elsewhere)")
+    fast_dropout: bool | str = _f(
+        "auto",
+        "dropout masks from 16-bit random draws (a quarter of torch's bernoulli work, the same rule and "
+        "expectation, other random numbers): True, False (nanoGPT's draws exactly) or 'auto' (on for CPU, off "
+        "elsewhere)",
+    )
     # --- samples and sinks (gptforge's own) --------------------------------------------------------------------
     sample_interval: int = _f(0, "optimizer steps between text samples during training (samples.jsonl); 0 = off")
     num_samples: int = _f(4, "samples drawn at each sample_interval")

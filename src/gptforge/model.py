@@ -59,6 +59,44 @@ class KVCache:
         return self.k[layer][:, :, : self.length + T], self.v[layer][:, :, : self.length + T]
 
 
+def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
+    """A bool mask of `shape`, False with probability p (to 1/65536): 16 random bits per element, four from each
+    64-bit draw of torch's generator (seeded and checkpointed like the rest of torch's random state).
+
+    torch's own dropout draws one float per element through bernoulli_, 17-25% of a CPU training step with
+    dropout 0.2 (../shared/PERF-FINDINGS.md); this makes a quarter of the draws and one comparison, and the
+    mask is applied by a multiplication, the cheapest of the masking ops on a CPU (docs/PERFORMANCE.md).
+    """
+    if torch.compiler.is_compiling():  # inductor fuses its own draws into the kernel; random_ would break the graph
+        return torch.rand(shape, device=device) >= p
+    n = math.prod(shape)
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), 2**63 - 1)
+    return words.view(torch.int16)[:n].view(shape) >= round(p * 65536) - 32768
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout, or with `fast_dropout` the same rule (zeros with probability p, the rest scaled by 1 / (1 - p)) on
+    keep_mask's cheaper draws. Autograd keeps only the one-byte mask for the backward pass."""
+
+    fast_dropout = False  # GPT.use_fast_dropout sets it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.fast_dropout and self.training and 0.0 < self.p < 1.0):
+            return super().forward(x)
+        return (x * keep_mask(x.shape, self.p, x.device)).mul_(1.0 / (1.0 - self.p))
+
+
+def attention_fast_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+    """Causal softmax attention whose probabilities go through keep_mask's dropout: what SDPA's math path does
+    with dropout_p, without its bernoulli draws (SDPA's fused CPU kernel has no dropout). The 1 / (1 - p)
+    scale is applied to the (B, nh, T, hs) output instead of the (B, nh, T, T) probabilities."""
+    T, S = q.size(-2), k.size(-2)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    future = torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(S - T + 1)
+    att = F.softmax(att.masked_fill_(future, float("-inf")), dim=-1)
+    return ((att * keep_mask(att.shape, p, att.device)) @ v).mul_(1.0 / (1.0 - p))
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -66,9 +104,10 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
+        self.fast_dropout = False  # GPT.use_fast_dropout sets it
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.size()
@@ -84,10 +123,11 @@ class CausalSelfAttention(nn.Module):
             assert cache.length == 0 or T == 1, "after the prefill, feed one token at a time"
             causal = cache.length == 0
             k, v = cache.update(layer, k, v)  # (B, nh, length + T, hs)
-        # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future.
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=causal and T > 1
-        )  # (B, nh, T, hs)
+        p = self.dropout if self.training else 0.0
+        if self.fast_dropout and 0.0 < p < 1.0 and causal:
+            y = attention_fast_dropout(q, k, v, p)
+        else:  # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal and T > 1)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
@@ -98,7 +138,7 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.gelu = nn.GELU(approximate="tanh")  # GPT-2's own ("gelu_new"), so HF weights give HF's logits
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
@@ -128,7 +168,7 @@ class GPT(nn.Module):
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
+                drop=Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
@@ -151,6 +191,13 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def use_fast_dropout(self, on: bool) -> None:
+        """Draw every dropout mask (embeddings, attention, residual) with keep_mask instead of torch's bernoulli:
+        the same rule and expectation, other random numbers. Off, the model is nanoGPT's, draw for draw."""
+        for module in self.modules():
+            if isinstance(module, (Dropout, CausalSelfAttention)):
+                module.fast_dropout = on
 
     def get_num_params(self, non_embedding: bool = True) -> int:
         """Parameter count. Tied wte/lm_head counts once; non_embedding leaves out the position table."""

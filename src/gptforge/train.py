@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from gptforge.allocator import keep_freed_memory
 from gptforge.checkpointer import Checkpointer
 from gptforge.config import TrainConfig
 from gptforge.data.loader import Batches, dataset_dir, read_meta
@@ -245,6 +246,7 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run:
             f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} (micro-batches per step over all "
             f"processes) does not divide across {env.world_size} processes; make it a multiple of {env.world_size}"
         )
+    malloc = keep_freed_memory()  # `gptforge` did it at start; a call of train() from Python does it here
     torch.manual_seed(cfg.seed)  # every rank builds the same initial weights (FSDP keeps each rank's shard)
     configure_backends(env.device_type)
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
@@ -252,6 +254,7 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run:
     ckpt, source = resume_checkpoint(cfg, env, meta)
     model, model_args = build_model(cfg, env, meta, ckpt, source)
     cfg = resolve_config(cfg, env, meta, model_args)
+    model.use_fast_dropout(cfg.fast_dropout)
     if env.rank:
         torch.manual_seed(cfg.seed + env.rank)  # then each rank its own stream: batches and dropout differ
     fsdp = env.ddp and cfg.parallel == "fsdp"
@@ -292,9 +295,11 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run:
     # fmt: on
     metrics.info(
         f"model: {model.get_num_params() / 1e6:.2f}M parameters | device {env.device}, dtype {cfg.dtype}, "
-        f"compile {cfg.compile}, {env.world_size} process(es)\n"
+        f"compile {cfg.compile}, {env.world_size} process(es), dropout {cfg.dropout}"
+        f"{' (fast masks)' if cfg.fast_dropout and cfg.dropout > 0 else ''}\n"
         f"tokens per iteration: {run.tokens_per_iter:,} = {accum} accumulation x {env.world_size} processes x "
         f"{cfg.batch_size} batch x {cfg.block_size} block\n"
-        f"memory: {memory_estimate(cfg, env, model_args).describe()} estimated per process"
+        f"memory: {memory_estimate(cfg, env, model_args).describe()} estimated per process\n"
+        f"{malloc}"
     )
     return run

@@ -24,7 +24,7 @@ from gptforge.checkpoint import (
 )
 from gptforge.config import TrainConfig
 from gptforge.data.loader import Batches, loader_kind, make_batches
-from gptforge.device import available_memory, resolve_compile, resolve_dtype
+from gptforge.device import available_memory, resolve_compile, resolve_dtype, resolve_fast_dropout
 from gptforge.distributed import DistEnv
 from gptforge.errors import UserError
 from gptforge.evaluate.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_file, load_examples
@@ -129,6 +129,7 @@ def resolve_config(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], model_a
         device=env.device,
         dtype=resolve_dtype(cfg.dtype, env.device_type, cfg.n_embd),
         compile=resolve_compile(cfg.compile, env.device_type),
+        fast_dropout=resolve_fast_dropout(cfg.fast_dropout, env.device_type),
         data_loader=loader_kind(meta, cfg.data_loader),
         hellaswag_interval=hellaswag_interval,
         **shape,

@@ -1,0 +1,143 @@
+"""fast_dropout: keep_mask's draws are Bernoulli(1 - p) at every position, the fast dropout and attention equal a
+float64 reference on the same mask (outputs and gradients), and switched off the model is torch's dropout,
+draw for draw."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gptforge.model import GPT, Dropout, GPTConfig, attention_fast_dropout, keep_mask
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.5])
+def test_keep_mask_keeps_one_minus_p_at_every_position(p):
+    torch.manual_seed(0)
+    n = 1 << 22
+    mask = keep_mask(torch.Size([n // 64, 64]), p, torch.device("cpu"))
+    assert mask.dtype == torch.bool and mask.shape == (n // 64, 64)
+    tolerance = 5 * math.sqrt(p * (1 - p) / (n / 4))  # five binomial standard deviations of a quarter of it
+    # each 64-bit draw gives four 16-bit values: all four lanes must be unbiased (a draw with its top bit
+    # always clear would bias the fourth)
+    lanes = mask.reshape(-1, 4).float().mean(dim=0)
+    assert (lanes - (1 - p)).abs().max() < tolerance, lanes
+    # neighbours independent: P(both kept) = (1 - p)^2
+    pairs = (mask[:, :-1] & mask[:, 1:]).float().mean()
+    assert abs(pairs - (1 - p) ** 2) < 2 * tolerance
+
+
+def test_keep_mask_follows_torchs_seed():
+    shape = torch.Size([8, 1000])
+    torch.manual_seed(3)
+    a = keep_mask(shape, 0.2, torch.device("cpu"))
+    torch.manual_seed(3)
+    b = keep_mask(shape, 0.2, torch.device("cpu"))
+    c = keep_mask(shape, 0.2, torch.device("cpu"))
+    assert torch.equal(a, b) and not torch.equal(b, c)
+
+
+def test_fast_dropout_is_the_dropout_rule_on_its_mask_with_gradients():
+    p = 0.3
+    layer = Dropout(p)
+    layer.fast_dropout = True
+    x = torch.randn(64, 33, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(1)
+    y = layer(x)
+    torch.manual_seed(1)
+    keep = keep_mask(x.shape, p, x.device)
+    expected = torch.where(keep, x.detach() / (1 - p), 0.0)
+    torch.testing.assert_close(y, expected, rtol=1e-12, atol=0)
+    y.backward(torch.ones_like(y))
+    torch.testing.assert_close(x.grad, keep.double() / (1 - p), rtol=1e-12, atol=0)
+    layer.eval()
+    assert torch.equal(layer(x), x)
+
+
+def reference_attention(q, k, v, keep, p):
+    """float64, written out: causal softmax(q k^T / sqrt(d)), dropout by `keep`, times v."""
+    q, k, v = q.double(), k.double(), v.double()
+    T = q.size(-2)
+    att = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(dim=-1)
+    return (att * keep / (1 - p)) @ v
+
+
+def test_attention_with_fast_dropout_matches_a_float64_reference():
+    p = 0.2
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 17, 8, generator=gen).requires_grad_() for _ in range(3))
+    torch.manual_seed(5)
+    out = attention_fast_dropout(q, k, v, p)
+    torch.manual_seed(5)
+    keep = keep_mask(torch.Size([2, 3, 17, 17]), p, q.device)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = reference_attention(q64, k64, v64, keep, p)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    out.backward(grad.float())
+    ref.backward(grad)
+    for mine, theirs in ((q, q64), (k, k64), (v, v64)):
+        torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_keeping_everything_is_sdpa():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=gen) for _ in range(3))
+    out = attention_fast_dropout(q, k, v, 1e-9)  # rounds to a threshold of 0 in 65536: nothing dropped
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-5, atol=1e-6)
+
+
+def tiny_model(dropout: float) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=dropout, bias=False))
+
+
+def test_switched_off_the_model_draws_torchs_dropout_exactly():
+    """fast_dropout=False: every mask from torch's own dropout (nn.Dropout and SDPA's dropout_p), so nanoGPT's
+    losses with dropout > 0 stay reachable; on, other draws with the same train-mode expectation."""
+    idx = torch.randint(0, 37, (4, 16), generator=torch.Generator().manual_seed(2))
+    ours = tiny_model(0.2)
+    reference = tiny_model(0.2)
+    for name, module in list(reference.named_modules()):
+        if isinstance(module, Dropout):  # plain torch modules, as nanoGPT builds them
+            parent = reference.get_submodule(name.rsplit(".", 1)[0]) if "." in name else reference
+            setattr(parent, name.rsplit(".", 1)[-1], torch.nn.Dropout(module.p))
+    losses = []
+    for model in (ours, reference):
+        torch.manual_seed(9)
+        loss = model(idx, idx)[1]
+        loss.backward()
+        losses.append((loss.item(), model.lm_head.weight.grad.clone()))
+    assert losses[0][0] == losses[1][0] and torch.equal(losses[0][1], losses[1][1])
+    ours.use_fast_dropout(True)
+    torch.manual_seed(9)
+    assert ours(idx, idx)[1].item() != losses[0][0]  # other random numbers
+    ours.eval()
+    reference.eval()
+    assert torch.equal(ours(idx, idx)[0], reference(idx, idx)[0])  # and no dropout at all in eval mode
+
+
+def test_training_with_fast_dropout_learns_like_torchs_dropout():
+    """Same data, same initial weights: 150 steps with either mask reach the same eval loss within noise."""
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randint(0, 37, (37,), generator=gen)  # a learnable rule: next token = table[token]
+    x = torch.randint(0, 37, (256, 16), generator=gen)
+    y = table[x]
+    final = []
+    for fast in (False, True):
+        model = tiny_model(0.2)
+        model.use_fast_dropout(fast)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        torch.manual_seed(4)
+        for step in range(150):
+            rows = slice(step % 16 * 16, step % 16 * 16 + 16)
+            model(x[rows], y[rows])[1].backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        model.eval()
+        with torch.no_grad():
+            final.append(model(x, y)[1].item())
+    assert final[0] < 1.0 and abs(final[0] - final[1]) < 0.1, final
