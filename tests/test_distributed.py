@@ -8,8 +8,22 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import tiny_train_args
+from gptforge.checkpoint import load_checkpoint
+
+# 2 ranks x 2 micro-batches = one process's 4, from the sharded loader: the same data either way
+DDP_RUN = dict(
+    data_loader="sharded",
+    gradient_accumulation_steps=4,
+    batch_size=4,
+    max_iters=8,
+    eval_interval=4,
+    eval_iters=4,
+    dropout=0.0,
+    dtype="float32",
+)
 
 
 def torchrun(*args, nproc=2, timeout=240):
@@ -48,16 +62,7 @@ def losses(out_dir):
 
 @pytest.mark.slow
 def test_ddp_matches_one_process_logs_once_and_resumes_exactly(char_data, tmp_path):
-    common = dict(
-        data_loader="sharded",
-        gradient_accumulation_steps=4,
-        batch_size=4,
-        max_iters=8,
-        eval_interval=4,
-        eval_iters=4,
-        dropout=0.0,
-        dtype="float32",
-    )
+    common = DDP_RUN
     single = one_process(char_data, tmp_path / "single", common)
     ddp = tmp_path / "ddp"
     r = torchrun(*tiny_train_args(char_data, ddp, **common))
@@ -130,3 +135,19 @@ def test_user_error_under_torchrun_exits_cleanly_on_every_rank(char_data, tmp_pa
     assert "exitcode  : 2" in r.stderr
     assert "gptforge/train.py" not in r.stderr  # and neither printed a traceback of ours
     assert not (tmp_path / "r").exists()  # nothing written before the check
+
+
+@pytest.mark.slow
+def test_muon_under_two_processes_equals_one_process(char_data, tmp_path):
+    """Every rank orthogonalises the same averaged gradient: the DDP run's weights equal one process's."""
+    common = {**DDP_RUN, "optimizer": "muon", "muon_warmup": 3}
+    single = one_process(char_data, tmp_path / "single", common)
+    r = torchrun(*tiny_train_args(char_data, tmp_path / "ddp", **common))
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, _ = losses(single)
+    two, _ = losses(tmp_path / "ddp")
+    assert len(one) == len(two) == 8
+    assert max(abs(a - b) for a, b in zip(one, two, strict=True)) < 1e-5, (one, two)
+    a, b = load_checkpoint(str(single / "ckpt.pt")), load_checkpoint(str(tmp_path / "ddp" / "ckpt.pt"))
+    assert max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"]) < 1e-5
+    assert torch.equal(a["optimizer"]["state"][0]["step"], b["optimizer"]["state"][0]["step"])

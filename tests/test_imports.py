@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gptforge"
 GROUPS = [
     ("errors", "console", "files", "allocator"),  # standard library only: the dashboard may use them
     ("aliases", "config", "resume", "memory", "tokenizer", "model"),  # settings, vocabularies, the network
-    ("device", "distributed", "optim", "metrics"),  # where and how it runs, what it reports
+    ("device", "distributed", "muon", "optim", "metrics"),  # where and how it runs, what it reports
     ("data", "data.sources", "data.loader", "data.prepare", "data.shards"),  # datasets in, batches out
     ("pretrained", "checkpoint"),  # weights in and out of files
     ("checkpointer", "sample", "evaluate.loss", "evaluate.hellaswag", "export", "bench"),  # what uses a model

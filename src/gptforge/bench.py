@@ -36,7 +36,7 @@ from gptforge.device import (
 from gptforge.errors import UserError
 from gptforge.memory import check_fits, estimate_training_memory
 from gptforge.model import GPT, GPTConfig, model_args, model_vocab_size
-from gptforge.optim import accumulate_gradients, configure_optimizer
+from gptforge.optim import accumulate_gradients, configure_optimizer, muon_settings
 from gptforge.tokenizer import GPT2_VOCAB
 
 
@@ -89,7 +89,12 @@ class Mode:
         self.raw = GPT(GPTConfig(**model_args(cfg, vocab_size), dropout=cfg.dropout)).to(device)
         self.raw.use_fast_dropout(self.fast_dropout)
         self.optimizer = configure_optimizer(
-            self.raw, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cuda" if fused else "cpu"
+            self.raw,
+            cfg.weight_decay,
+            cfg.learning_rate,
+            (cfg.beta1, cfg.beta2),
+            "cuda" if fused else "cpu",
+            muon_settings(cfg) if fast else None,  # the baseline is nanoGPT's AdamW
         )
         self.model = torch.compile(self.raw) if self.compile else self.raw
         self.ctx = autocast_context(dev, self.dtype)

@@ -77,6 +77,14 @@ class TrainConfig:
     beta1: float = _f(0.9, "AdamW beta1")
     beta2: float = _f(0.95, "AdamW beta2 (0.95 is steadier than 0.999 for LLM pretraining)")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this; 0 = off")
+    optimizer: str = _f(
+        "adamw",
+        "'adamw' (nanoGPT's) or 'muon': Muon (momentum, then an orthogonalised update) for the blocks' 2-D "
+        "matrices at muon_lr, AdamW at learning_rate for embeddings, head and gains",
+    )
+    muon_lr: float = _f(0.02, "optimizer='muon': peak learning rate of the Muon matrices, scheduled as learning_rate")
+    muon_momentum: float = _f(0.95, "optimizer='muon': Nesterov momentum of the Muon matrices")
+    muon_warmup: int = _f(300, "optimizer='muon': steps over which the Muon momentum rises from 0.85 to muon_momentum")
     max_bad_steps: int = _f(
         10,
         "a step whose loss or gradient norm is not finite is skipped (weights untouched); "
@@ -143,6 +151,7 @@ CHOICES = {  # the one list of each key's accepted values (device, optim and the
     "data_loader": ("auto", "random", "sharded"),
     "parallel": ("ddp", "fsdp"),
     "lr_schedule": ("cosine", "linear", "constant", "wsd"),
+    "optimizer": ("adamw", "muon"),
 }
 
 
@@ -370,7 +379,7 @@ def validate(cfg: TrainConfig) -> None:
         )
     if not 0.0 <= cfg.dropout < 1.0:
         raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
-    for key in ("beta1", "beta2"):
+    for key in ("beta1", "beta2", "muon_momentum"):
         if not 0.0 <= getattr(cfg, key) < 1.0:
             raise UserError(f"--{key} must be in [0, 1), got {getattr(cfg, key)}")
     if cfg.init_from not in ("scratch", "resume", *GPT2_NAMES) and not os.path.isdir(cfg.init_from):

@@ -8,6 +8,7 @@ lr = get_lr(it, 6e-4, 2000, 600000, 6e-5, schedule="wsd", decay_frac=0.2)  # war
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -15,22 +16,55 @@ from gptforge.config import CHOICES
 
 
 def configure_optimizer(
-    model: torch.nn.Module, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
-) -> torch.optim.AdamW:
+    model: torch.nn.Module,
+    weight_decay: float,
+    learning_rate: float,
+    betas: tuple[float, float],
+    device_type: str,
+    muon: dict[str, float] | None = None,
+) -> torch.optim.Optimizer:
     """AdamW where only tensors of 2 or more dimensions (matmul weights, embeddings) are decayed.
 
     Biases and LayerNorm gains are left alone: shrinking them towards zero only hurts. The fused kernel is
     used on CUDA (one launch for all parameters instead of several per tensor).
+
+    muon={'lr': .., 'momentum': .., 'warmup': ..}: the blocks' 2-D matrices go to Muon instead (no weight decay,
+    as the published recipes), in one MuonAdamW; every group carries `lr_scale`, its peak over learning_rate.
     """
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}  # tied weights appear once
-    decay = [p for p in params.values() if p.dim() >= 2]
+    hidden = {n for n, p in params.items() if muon is not None and p.dim() == 2 and ".h." in f".{n}"}
+    decay = [p for n, p in params.items() if p.dim() >= 2 and n not in hidden]
     no_decay = [p for p in params.values() if p.dim() < 2]
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    fused = device_type == "cuda"
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
+    if muon is None:
+        fused = device_type == "cuda"
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
+    from gptforge.muon import MuonAdamW
+
+    for group in groups:
+        group.update(kind="adamw", lr=learning_rate, betas=betas, lr_scale=1.0)
+    groups.append(
+        dict(
+            params=[params[n] for n in params if n in hidden],
+            kind="muon",
+            lr=muon["lr"],
+            lr_scale=muon["lr"] / learning_rate,
+            momentum=muon["momentum"],
+            momentum_warmup=int(muon["warmup"]),
+            weight_decay=0.0,
+        )
+    )
+    return MuonAdamW(groups)
+
+
+def muon_settings(cfg: Any) -> dict[str, float] | None:
+    """configure_optimizer's `muon` argument from a TrainConfig: None unless optimizer='muon'."""
+    if cfg.optimizer != "muon":
+        return None
+    return {"lr": cfg.muon_lr, "momentum": cfg.muon_momentum, "warmup": cfg.muon_warmup}
 
 
 SCHEDULES = CHOICES["lr_schedule"]

@@ -24,7 +24,7 @@ from gptforge.errors import UserError
 from gptforge.evaluate.loss import estimate_loss
 from gptforge.metrics import Metrics
 from gptforge.model import GPT
-from gptforge.optim import accumulate_gradients, configure_optimizer, get_lr
+from gptforge.optim import accumulate_gradients, configure_optimizer, get_lr, muon_settings
 from gptforge.resume import continue_command
 from gptforge.sample import Sampler
 from gptforge.tokenizer import tokenizer_spec
@@ -108,7 +108,7 @@ def train_loop(run: Run, stop: StopFlag) -> dict[str, Any]:
         step, last = run.iter_num, run.iter_num >= cfg.max_iters
         lr = learning_rate(cfg, step)
         for group in run.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)  # optimizer='muon': its matrices at muon_lr's scale
         # --- once in a while -----------------------------------------------------------------------------------
         evaluated = improved = False
         if not stop.requested and (due(step, cfg.eval_interval, last) or cfg.eval_only):
@@ -260,7 +260,9 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run:
     fsdp = env.ddp and cfg.parallel == "fsdp"
     place_model(model, env.device, fsdp)  # before the optimizer: it must hold the (sharded) parameters
     scaler = torch.amp.GradScaler(env.device_type, enabled=cfg.dtype == "float16")
-    optimizer = configure_optimizer(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type)
+    optimizer = configure_optimizer(
+        model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type, muon_settings(cfg)
+    )
     accum = cfg.gradient_accumulation_steps // env.world_size
     batches, eval_batches, eval_iters = open_batches(cfg, env, folder, meta, model_args["vocab_size"], accum)
     iter_num, best_val_loss = 0, math.inf

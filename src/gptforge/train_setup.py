@@ -123,6 +123,9 @@ def resolve_config(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], model_a
             "--hellaswag_interval does not work with --parallel=fsdp yet; use parallel=ddp, or evaluate "
             "the checkpoint afterwards with `gptforge eval hellaswag`"
         )
+    if env.ddp and cfg.parallel == "fsdp" and cfg.optimizer == "muon":
+        # each rank holds a shard of every matrix, and Muon orthogonalises whole matrices
+        raise UserError("--optimizer=muon does not work with --parallel=fsdp yet; use parallel=ddp or optimizer=adamw")
     shape = {k: model_args[k] for k in MODEL_ARGS if k != "vocab_size"} if cfg.init_from != "scratch" else {}
     return dataclasses.replace(
         cfg,

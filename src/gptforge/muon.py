@@ -1,0 +1,101 @@
+"""Muon for the hidden 2-D matrices, AdamW for everything else, in one torch optimizer.
+
+Muon (Keller Jordan, 2024; the modded-nanogpt speedrun and nanochat train with it): keep a momentum of the
+gradient, then replace it by the nearest semi-orthogonal matrix (its polar factor U V^T, computed approximately
+by a Newton-Schulz iteration instead of an SVD) and step along that. Every direction of the update gets the
+same size, so rare directions learn as fast as common ones. Embeddings, the output head and the gains are
+not matrices in that sense and keep AdamW.
+
+One optimizer class holding both kinds of parameter group keeps everything that works on a torch optimizer
+working: the lr schedule (each group scaled by its `lr_scale`), GradScaler, gradient clipping, and the
+checkpoint (`state_dict` holds both momenta and both step counts, so a resumed run continues bit for bit).
+Under DDP every rank holds the same averaged gradient, so every rank computes the same update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+# Newton-Schulz: X <- a X + (b A + c A^2) X with A = X X^T. These coefficients (from the Muon write-up) push
+# every singular value of a matrix scaled to norm <= 1 into roughly [0.7, 1.2] in five steps: not exactly 1,
+# which is what makes the iteration this fast, and what Muon needs.
+QUINTIC = (3.4445, -4.7750, 2.0315)
+CUBIC = (1.5, -0.5, 0.0)  # the classic iteration: converges to the polar factor itself, only more slowly
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 5, coefficients: tuple[float, float, float] = QUINTIC) -> torch.Tensor:
+    """An approximation of the polar factor U V^T of a 2-D matrix g = U S V^T, by `steps` Newton-Schulz steps,
+    in g's dtype (float32 or float64)."""
+    a, b, c = coefficients
+    wide = g.size(0) > g.size(1)
+    x = g.T if wide else g  # iterate on the side with the smaller Gram matrix
+    x = x / (x.norm() + 1e-7)  # Frobenius norm >= spectral norm: every singular value now <= 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if wide else x
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Parameter groups with kind='muon' (2-D matrices) or kind='adamw'. Muon groups: lr, momentum (Nesterov),
+    momentum_warmup (steps over which momentum rises from 0.85 to its value), weight_decay, ns_steps. AdamW
+    groups: lr, betas, eps, weight_decay (decoupled, as torch.optim.AdamW)."""
+
+    def __init__(self, groups: Iterable[dict[str, Any]]):
+        defaults = dict(
+            kind="adamw", lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, momentum=0.95,
+            momentum_warmup=300, ns_steps=5, lr_scale=1.0,
+        )  # fmt: skip
+        super().__init__(list(groups), defaults)
+        for group in self.param_groups:
+            if group["kind"] == "muon" and any(p.dim() != 2 for p in group["params"]):
+                raise ValueError("Muon groups take 2-D matrices only")
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 - torch's signature
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    if group["kind"] == "adamw":
+                        state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                if group["kind"] == "muon":
+                    self._muon(p, state, group)
+                else:
+                    self._adamw(p, state, group)
+        return loss
+
+    @staticmethod
+    def _muon(p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        warm = min(state["step"].item() / max(group["momentum_warmup"], 1), 1.0)
+        momentum = 0.85 + warm * (group["momentum"] - 0.85) if group["momentum"] > 0.85 else group["momentum"]
+        buf = state["exp_avg"]
+        buf.mul_(momentum).add_(p.grad)
+        direction = p.grad.add(buf, alpha=momentum)  # Nesterov: the gradient plus the momentum it leads to
+        update = orthogonalize(direction.float(), group["ns_steps"]).to(p.dtype)
+        # the same update RMS for tall and wide matrices of the same size
+        update *= max(1.0, p.size(0) / p.size(1)) ** 0.5
+        p.mul_(1.0 - group["lr"] * group["weight_decay"])
+        p.add_(update, alpha=-group["lr"])
+
+    @staticmethod
+    def _adamw(p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        beta1, beta2 = group["betas"]
+        step = state["step"].item()
+        state["exp_avg"].lerp_(p.grad, 1.0 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
+        p.mul_(1.0 - group["lr"] * group["weight_decay"])
+        denom = (state["exp_avg_sq"] / (1.0 - beta2**step)).sqrt_().add_(group["eps"])
+        p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1.0 - beta1**step))
