@@ -140,3 +140,23 @@ def dashboard(tmp_path):
     yield start
     for server in servers:
         server.stop()
+
+
+def whole_and_resumed(data_dir: Path, tmp_path: Path, run: dict) -> tuple[dict, dict]:
+    """Train `run` (max_iters steps) in one go in tmp_path/whole, and to half of it then resumed to the end in
+    tmp_path/split, through the real CLI; returns both final checkpoints, whose weights must be equal."""
+    import torch
+
+    from gptforge.checkpoint import load_checkpoint
+
+    whole, split, steps = tmp_path / "whole", tmp_path / "split", run["max_iters"]
+    for out, options in ((whole, run), (split, {**run, "max_iters": steps // 2})):
+        r = run_cli("train", *tiny_train_args(data_dir, out, **options), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    r = run_cli("train", f"--out_dir={split}", "--init_from=resume", f"--max_iters={steps}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    a, b = load_checkpoint(str(whole / "ckpt.pt")), load_checkpoint(str(split / "ckpt.pt"))
+    assert a["iter_num"] == b["iter_num"] == steps
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    return a, b

@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gptforge"
 # imports flow one way and there are no cycles. docs/ARCHITECTURE.md "Imports flow one way" names the groups.
 GROUPS = [
     ("errors", "console", "files", "allocator"),  # standard library only: the dashboard may use them
-    ("aliases", "config", "resume", "memory", "tokenizer", "model"),  # settings, vocabularies, the network
+    ("aliases", "config", "resume", "memory", "tokenizer", "layers", "model"),  # settings, vocabularies, the network
     ("device", "distributed", "muon", "optim", "metrics"),  # where and how it runs, what it reports
     ("data", "data.sources", "data.loader", "data.prepare", "data.shards"),  # datasets in, batches out
     ("pretrained", "checkpoint"),  # weights in and out of files

@@ -8,8 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_cli, tiny_train_args
-from gptforge.checkpoint import load_checkpoint
+from conftest import whole_and_resumed
 from gptforge.config import TrainConfig
 from gptforge.distributed import DistEnv
 from gptforge.errors import UserError
@@ -100,16 +99,7 @@ def test_muon_with_fsdp_is_refused_before_anything_is_written():
 def test_a_resumed_muon_run_equals_an_uninterrupted_one(char_data, tmp_path):
     run = dict(max_iters=12, lr_decay_iters=12, warmup_iters=3, eval_interval=6, optimizer="muon", muon_warmup=5)
     whole, split = tmp_path / "whole", tmp_path / "split"
-    r = run_cli("train", *tiny_train_args(char_data, whole, **run), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    r = run_cli("train", *tiny_train_args(char_data, split, **{**run, "max_iters": 6}), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    r = run_cli("train", f"--out_dir={split}", "--init_from=resume", "--max_iters=12", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    a, b = load_checkpoint(str(whole / "ckpt.pt")), load_checkpoint(str(split / "ckpt.pt"))
-    assert a["iter_num"] == b["iter_num"] == 12
-    for key, value in a["model"].items():
-        assert torch.equal(value, b["model"][key]), key
+    a, _ = whole_and_resumed(char_data, tmp_path, run)
     kinds = {g["kind"] for g in a["optimizer"]["param_groups"]}
     assert kinds == {"muon", "adamw"}
     assert (whole / "log.txt").read_text() == (split / "log.txt").read_text()

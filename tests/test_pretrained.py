@@ -16,7 +16,7 @@ from gptforge.checkpoint import save_checkpoint
 from gptforge.config import GPT2_NAMES
 from gptforge.errors import UserError
 from gptforge.export import export_hf
-from gptforge.model import GPT, GPTConfig
+from gptforge.model import GPT, SWITCHES, GPTConfig
 from gptforge.pretrained import load_pretrained
 
 TOL = 1e-5
@@ -62,7 +62,7 @@ def hf_source(tmp_path_factory):
 def test_load_hf_folder_gives_transformers_logits(hf_source):
     hf_model, folder = hf_source
     model, args = load_pretrained(str(folder))
-    assert args == dict(n_layer=2, n_head=2, n_embd=32, block_size=64, bias=True, vocab_size=96)
+    assert args == dict(n_layer=2, n_head=2, n_embd=32, block_size=64, bias=True, vocab_size=96, **SWITCHES)  # all off
     assert model.lm_head.weight is model.transformer.wte.weight  # still tied
     assert model.lm_head.weight.dtype == torch.float32 and model.lm_head.weight.requires_grad
     idx = torch.randint(0, 96, (3, 64), generator=torch.Generator().manual_seed(2))
@@ -316,7 +316,7 @@ def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path
     first = train(load_config(tiny_train_args(tmp_path / "data", tmp_path / "ft", **common)))
     ckpt = load_checkpoint(str(tmp_path / "ft/ckpt.pt"))
     assert ckpt["iter_num"] == 4 and ckpt["model_args"] == dict(
-        n_layer=2, n_head=2, n_embd=32, block_size=32, bias=True, vocab_size=50257
+        n_layer=2, n_head=2, n_embd=32, block_size=32, bias=True, vocab_size=50257, **SWITCHES
     )
     config = json.loads((tmp_path / "ft/config.json").read_text())
     assert (config["n_embd"], config["bias"], config["init_from"]) == (32, True, str(folder))

@@ -20,7 +20,7 @@ from gptforge.data.loader import ShardedBatches, read_meta
 from gptforge.distributed import DistEnv
 from gptforge.errors import UserError
 from gptforge.files import BEST_CKPT, CKPT, atomic_write, step_checkpoint_name  # noqa: F401  (re-exported)
-from gptforge.model import GPT, MODEL_ARGS, GPTConfig
+from gptforge.model import GPT, MODEL_ARGS, SWITCHES, GPTConfig
 from gptforge.tokenizer import Tokenizer, from_spec
 
 FORMAT_VERSION = 1
@@ -263,7 +263,8 @@ def checkpoint_path(out_dir: str, ckpt: str | None = None) -> str:
 
 
 def checkpoint_model_args(ckpt: dict[str, Any]) -> dict[str, Any]:
-    return {k: ckpt["model_args"][k] for k in MODEL_ARGS}
+    """The model a checkpoint holds; one written before the modern switches existed has them off."""
+    return {k: ckpt["model_args"].get(k, SWITCHES[k]) if k in SWITCHES else ckpt["model_args"][k] for k in MODEL_ARGS}
 
 
 def load_checkpoint_model(path: str, device: str) -> tuple[GPT, Tokenizer, dict[str, Any]]:

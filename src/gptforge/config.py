@@ -70,6 +70,15 @@ class TrainConfig:
     n_embd: int = _f(768, "embedding width")
     dropout: float = _f(0.0, "dropout probability; 0 for pretraining, 0.1+ for fine-tuning small data")
     bias: bool = _f(False, "biases in Linear and LayerNorm layers (GPT-2 has them; without is a bit better/faster)")
+    # --- the modern recipe's model switches (all off: GPT-2's model) -----------------------------------------
+    rotary: bool = _f(False, "rotary position embeddings (RoFormer; nanochat, modded-nanogpt) instead of learned ones")
+    rope_base: float = _f(10000.0, "rotary=True: the wavelength base of the rotary angles")
+    rmsnorm: bool = _f(False, "parameter-free RMSNorm instead of LayerNorm, also after the embedding (nanochat)")
+    qk_norm: bool = _f(False, "RMS-normalise queries and keys per head, after rotary (nanochat, modded-nanogpt)")
+    relu2: bool = _f(False, "ReLU(x)^2 in the MLP instead of GELU (Primer; nanochat, modded-nanogpt)")
+    untie_head: bool = _f(False, "an output head of its own instead of the input embedding's transpose")
+    zero_init: bool = _f(False, "attention's and the MLP's output projections start at zero (modded-nanogpt)")
+    logit_softcap: float = _f(0.0, "> 0: logits = cap * tanh(logits / cap) (Gemma 2; nanochat uses 15)")
     # --- AdamW ---------------------------------------------------------------------------------------------
     learning_rate: float = _f(6e-4, "peak learning rate (GPT-3 paper's value for 125M)")
     max_iters: int = _f(600000, "optimizer steps to train for")
@@ -143,6 +152,8 @@ class TrainConfig:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}
+# the model switches above (model.SWITCHES has their off values): a resumed run cannot change them
+MODEL_SWITCHES = ("rotary", "rope_base", "rmsnorm", "qk_norm", "relu2", "untie_head", "zero_init", "logit_softcap")
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's, on the Hugging Face hub: 124M-1558M
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 CHOICES = {  # the one list of each key's accepted values (device, optim and the CLI read them here)

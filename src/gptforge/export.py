@@ -14,7 +14,7 @@ import torch
 from gptforge.checkpoint import checkpoint_path, load_checkpoint_model
 from gptforge.console import log
 from gptforge.errors import UserError
-from gptforge.model import GPT
+from gptforge.model import GPT, SWITCHES
 from gptforge.pretrained import CONV1D
 from gptforge.tokenizer import GPT2_EOT, GPT2_VOCAB
 
@@ -63,8 +63,14 @@ def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, fo
     """
     folder = os.path.abspath(folder)
     _check_target(folder, force)
-    bpe = bool(tokenizer_spec) and tokenizer_spec.get("tokenizer") == "gpt2"
     cfg = model.config
+    modern = [f"{k}={getattr(cfg, k)!r}" for k, off in SWITCHES.items() if getattr(cfg, k) != off]
+    if modern:
+        raise UserError(
+            f"this model uses {', '.join(modern)}, which Hugging Face's GPT-2 format cannot express; only "
+            "GPT-2-shaped models (every model switch off) export for now"
+        )
+    bpe = bool(tokenizer_spec) and tokenizer_spec.get("tokenizer") == "gpt2"
     vocab_size = GPT2_VOCAB if bpe else cfg.vocab_size
     if vocab_size > cfg.vocab_size:
         raise UserError(

@@ -13,6 +13,16 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from gptforge.layers import (
+    Dropout,
+    KVCache,
+    RMSNorm,
+    apply_rotary,
+    attention_fast_dropout,
+    rms_norm,
+    rotary_angles,
+)
+
 
 @dataclass
 class GPTConfig:
@@ -23,10 +33,30 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # GPT-2 has biases in Linear and LayerNorm; False is slightly better and faster
+    # The modern recipe's switches (modded-nanogpt, nanochat), all off by default: off, the model is GPT-2's.
+    rotary: bool = False  # rotary position embeddings on q and k instead of the learned position table
+    rope_base: float = 10000.0  # rotary: the wavelength base
+    rmsnorm: bool = False  # parameter-free RMSNorm instead of LayerNorm, and one more after the embedding
+    qk_norm: bool = False  # RMS-normalise q and k per head (after rotary) before attention
+    relu2: bool = False  # ReLU(x)^2 in the MLP instead of GELU
+    untie_head: bool = False  # an output head of its own instead of the input embedding's transpose
+    zero_init: bool = False  # output projections (attention's and the MLP's c_proj) start at zero
+    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap)
 
 
+# The switches and their off values; a checkpoint without them (older gptforge, nanoGPT) has them off.
+SWITCHES = {
+    "rotary": False,
+    "rope_base": 10000.0,
+    "rmsnorm": False,
+    "qk_norm": False,
+    "relu2": False,
+    "untie_head": False,
+    "zero_init": False,
+    "logit_softcap": 0.0,
+}
 # The GPTConfig fields a checkpoint's `model_args` must fix (dropout may change between runs).
-MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
+MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", *SWITCHES)
 
 
 def model_args(settings: Any, vocab_size: int) -> dict[str, Any]:
@@ -35,66 +65,8 @@ def model_args(settings: Any, vocab_size: int) -> dict[str, Any]:
     return {**{k: getattr(settings, k) for k in MODEL_ARGS if k != "vocab_size"}, "vocab_size": vocab_size}
 
 
-class KVCache:
-    """Keys and values of the tokens seen so far, per layer, so generation feeds one new token per step.
-
-    Filled by a prefill (the whole prompt, causal) and then one token at a time; `length` tokens are held.
-    Allocated on first use in the dtype the attention produces (float32, or bf16 / fp16 under autocast).
-    """
-
-    def __init__(self, n_layer: int, max_len: int):
-        self.n_layer, self.max_len, self.length = n_layer, max_len, 0
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (B, nh, T, hs) after the cached ones; return all keys and values (B, nh, length + T, hs)."""
-        B, nh, T, hs = k.shape
-        if len(self.k) <= layer:
-            self.k.append(k.new_empty(B, nh, self.max_len, hs))
-            self.v.append(v.new_empty(B, nh, self.max_len, hs))
-        assert self.length + T <= self.max_len, "KV cache overflow: generate() re-prefills before this happens"
-        self.k[layer][:, :, self.length : self.length + T] = k
-        self.v[layer][:, :, self.length : self.length + T] = v
-        return self.k[layer][:, :, : self.length + T], self.v[layer][:, :, : self.length + T]
-
-
-def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
-    """A bool mask of `shape`, False with probability p (to 1/65536): 16 random bits per element, four from each
-    64-bit draw of torch's generator (seeded and checkpointed like the rest of torch's random state).
-
-    torch's own dropout draws one float per element through bernoulli_, 17-25% of a CPU training step with
-    dropout 0.2 (../shared/PERF-FINDINGS.md); this makes a quarter of the draws and one comparison, and the
-    mask is applied by a multiplication, the cheapest of the masking ops on a CPU (docs/PERFORMANCE.md).
-    """
-    if torch.compiler.is_compiling():  # inductor fuses its own draws into the kernel; random_ would break the graph
-        return torch.rand(shape, device=device) >= p
-    n = math.prod(shape)
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), 2**63 - 1)
-    return words.view(torch.int16)[:n].view(shape) >= round(p * 65536) - 32768
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout, or with `fast_dropout` the same rule (zeros with probability p, the rest scaled by 1 / (1 - p)) on
-    keep_mask's cheaper draws. Autograd keeps only the one-byte mask for the backward pass."""
-
-    fast_dropout = False  # GPT.use_fast_dropout sets it
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.fast_dropout and self.training and 0.0 < self.p < 1.0):
-            return super().forward(x)
-        return (x * keep_mask(x.shape, self.p, x.device)).mul_(1.0 / (1.0 - self.p))
-
-
-def attention_fast_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
-    """Causal softmax attention whose probabilities go through keep_mask's dropout: what SDPA's math path does
-    with dropout_p, without its bernoulli draws (SDPA's fused CPU kernel has no dropout). The 1 / (1 - p)
-    scale is applied to the (B, nh, T, hs) output instead of the (B, nh, T, T) probabilities."""
-    T, S = q.size(-2), k.size(-2)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-    future = torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(S - T + 1)
-    att = F.softmax(att.masked_fill_(future, float("-inf")), dim=-1)
-    return ((att * keep_mask(att.shape, p, att.device)) @ v).mul_(1.0 / (1.0 - p))
+def norm_layer(config: GPTConfig) -> nn.Module:
+    return RMSNorm() if config.rmsnorm else nn.LayerNorm(config.n_embd, bias=config.bias)
 
 
 class CausalSelfAttention(nn.Module):
@@ -105,6 +77,7 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.dropout = config.dropout
         self.fast_dropout = False  # GPT.use_fast_dropout sets it
+        self.rotary, self.rope_base, self.qk_norm = config.rotary, config.rope_base, config.qk_norm
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = Dropout(config.dropout)
@@ -116,6 +89,12 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if self.rotary:  # positions continue after the cached tokens
+            start = cache.length if cache is not None else 0
+            cos, sin = rotary_angles(torch.arange(start, start + T, device=x.device), hs, self.rope_base)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.qk_norm:
+            q, k = rms_norm(q), rms_norm(k)
         causal = True
         if cache is not None:
             # A prefill (empty cache) is causal over the prompt; after it, one new token attends to every
@@ -132,11 +111,16 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
 
+class ReLU2(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
+
+
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's own ("gelu_new"), so HF weights give HF's logits
+        self.gelu = ReLU2() if config.relu2 else nn.GELU(approximate="tanh")  # GPT-2's own ("gelu_new")
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = Dropout(config.dropout)
 
@@ -149,9 +133,9 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = norm_layer(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = norm_layer(config)
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
@@ -164,24 +148,27 @@ class GPT(nn.Module):
         super().__init__()
         assert config.vocab_size > 0 and config.block_size > 0, "vocab_size and block_size must be positive"
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
-            )
+        parts = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if not config.rotary:
+            parts["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        parts.update(
+            drop=Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=norm_layer(config),
         )
+        self.transformer = nn.ModuleDict(parts)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # Weight tying (Press & Wolf 2017): input embedding and output projection share one matrix.
-        self.transformer.wte.weight = self.lm_head.weight
+        if not config.untie_head:
+            # Weight tying (Press & Wolf 2017): input embedding and output projection share one matrix.
+            self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
         # Residual projections add into the stream once per attention and MLP, 2 * n_layer times in all;
         # scaling their init keeps the stream's variance from growing with depth (GPT-2 paper).
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                if config.zero_init:  # modded-nanogpt: each block starts as the identity
+                    nn.init.zeros_(p)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -202,7 +189,7 @@ class GPT(nn.Module):
     def get_num_params(self, non_embedding: bool = True) -> int:
         """Parameter count. Tied wte/lm_head counts once; non_embedding leaves out the position table."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
 
@@ -216,11 +203,17 @@ class GPT(nn.Module):
         x = self.hidden_states(idx, cache)  # (B, T, C)
         if targets is None:
             # Generation needs only the next-token distribution: skip the (B, T, V) projection.
-            return self.lm_head(x[:, [-1], :]), None  # (B, 1, V)
-        logits = self.lm_head(x)  # (B, T, V)
+            return self.logits(x[:, [-1], :]), None  # (B, 1, V)
+        logits = self.logits(x)  # (B, T, V)
         # Cross-entropy in float32 even under autocast: the softmax over 50k entries needs the range.
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """lm_head on hidden states (..., C), then the soft-cap when logit_softcap > 0."""
+        logits = self.lm_head(x)
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap > 0 else logits
 
     def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """idx (B, T) token ids -> the final LayerNorm's output (B, T, C), which lm_head turns into logits.
@@ -231,8 +224,12 @@ class GPT(nn.Module):
         start = cache.length if cache is not None else 0
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
-        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))
+        if self.config.rmsnorm:
+            x = rms_norm(x)  # nanochat normalises the embedding too
+        x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, cache, layer)
         if cache is not None:
@@ -243,7 +240,8 @@ class GPT(nn.Module):
         """Shrink the context length (e.g. GPT-2's 1024 to a smaller block_size for fine-tuning)."""
         assert 0 < block_size <= self.config.block_size, "can only crop to a smaller block_size"
         self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+        if "wpe" in self.transformer:
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward): 6N for the matmuls + 12 L H Q T for attention.

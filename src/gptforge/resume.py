@@ -11,11 +11,11 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from gptforge.config import FIELDS, TrainConfig, coerce, load_config
+from gptforge.config import FIELDS, MODEL_SWITCHES, TrainConfig, coerce, load_config
 from gptforge.errors import UserError
 from gptforge.files import CONFIG
 
-SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")  # a checkpoint's weights fix these
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", *MODEL_SWITCHES)  # a checkpoint's weights fix these
 NOT_CHANGES = ("init_from",)  # a resumed run's init_from is 'resume', whatever started it
 
 

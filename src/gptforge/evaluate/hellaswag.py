@@ -157,7 +157,7 @@ def score_rendered(
     gpt = _raw_model(model)
     with ctx or contextlib.nullcontext():
         x = gpt.hidden_states(tokens)  # (R, L, C)
-        logits = gpt.lm_head(x[:, :-1, :][scored])  # (M, V)
+        logits = gpt.logits(x[:, :-1, :][scored])  # (M, V)
     losses = torch.zeros(targets.shape, device=logits.device)  # (R, L-1)
     # float32 even under autocast, as in GPT.forward: the softmax over 50k entries needs the range.
     losses[scored] = F.cross_entropy(logits.float(), targets[scored], reduction="none")

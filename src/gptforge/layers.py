@@ -1,0 +1,97 @@
+"""The model's parts that are not GPT-2's blocks themselves: the KV cache, dropout with cheap masks, attention
+with dropout, parameter-free RMSNorm and rotary position embeddings. Torch only."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, per layer, so generation feeds one new token per step.
+
+    Filled by a prefill (the whole prompt, causal) and then one token at a time; `length` tokens are held.
+    Allocated on first use in the dtype the attention produces (float32, or bf16 / fp16 under autocast).
+    """
+
+    def __init__(self, n_layer: int, max_len: int):
+        self.n_layer, self.max_len, self.length = n_layer, max_len, 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, nh, T, hs) after the cached ones; return all keys and values (B, nh, length + T, hs)."""
+        B, nh, T, hs = k.shape
+        if len(self.k) <= layer:
+            self.k.append(k.new_empty(B, nh, self.max_len, hs))
+            self.v.append(v.new_empty(B, nh, self.max_len, hs))
+        assert self.length + T <= self.max_len, "KV cache overflow: generate() re-prefills before this happens"
+        self.k[layer][:, :, self.length : self.length + T] = k
+        self.v[layer][:, :, self.length : self.length + T] = v
+        return self.k[layer][:, :, : self.length + T], self.v[layer][:, :, : self.length + T]
+
+
+def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
+    """A bool mask of `shape`, False with probability p (to 1/65536): 16 random bits per element, four from each
+    64-bit draw of torch's generator (seeded and checkpointed like the rest of torch's random state).
+
+    torch's own dropout draws one float per element through bernoulli_, 17-25% of a CPU training step with
+    dropout 0.2 (../shared/PERF-FINDINGS.md); this makes a quarter of the draws and one comparison, and the
+    mask is applied by a multiplication, the cheapest of the masking ops on a CPU (docs/PERFORMANCE.md).
+    """
+    if torch.compiler.is_compiling():  # inductor fuses its own draws into the kernel; random_ would break the graph
+        return torch.rand(shape, device=device) >= p
+    n = math.prod(shape)
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), 2**63 - 1)
+    return words.view(torch.int16)[:n].view(shape) >= round(p * 65536) - 32768
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout, or with `fast_dropout` the same rule (zeros with probability p, the rest scaled by 1 / (1 - p)) on
+    keep_mask's cheaper draws. Autograd keeps only the one-byte mask for the backward pass."""
+
+    fast_dropout = False  # GPT.use_fast_dropout sets it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.fast_dropout and self.training and 0.0 < self.p < 1.0):
+            return super().forward(x)
+        return (x * keep_mask(x.shape, self.p, x.device)).mul_(1.0 / (1.0 - self.p))
+
+
+def attention_fast_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+    """Causal softmax attention whose probabilities go through keep_mask's dropout: what SDPA's math path does
+    with dropout_p, without its bernoulli draws (SDPA's fused CPU kernel has no dropout). The 1 / (1 - p)
+    scale is applied to the (B, nh, T, hs) output instead of the (B, nh, T, T) probabilities."""
+    T, S = q.size(-2), k.size(-2)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    future = torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(S - T + 1)
+    att = F.softmax(att.masked_fill_(future, float("-inf")), dim=-1)
+    return ((att * keep_mask(att.shape, p, att.device)) @ v).mul_(1.0 / (1.0 - p))
+
+
+def rms_norm(x: torch.Tensor) -> torch.Tensor:
+    """Parameter-free RMSNorm over the last dimension (eps 1e-6, as Hugging Face's NanoChat)."""
+    return F.rms_norm(x, (x.size(-1),), eps=1e-6)
+
+
+class RMSNorm(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x)
+
+
+def rotary_angles(positions: torch.Tensor, head_size: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (T, head_size / 2) of each position's angles pos * base^(-2i / head_size), in float32."""
+    inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32, device=positions.device) / head_size)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[i], x[i + hs/2]) of x (B, nh, T, hs) by its position's angle, nanochat's way round:
+    (a, b) -> (a cos + b sin, b cos - a sin). q.k then depends on the positions' difference only."""
+    a, b = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((a * cos + b * sin, b * cos - a * sin), dim=-1)

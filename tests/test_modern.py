@@ -1,0 +1,107 @@
+"""The modern recipe's model switches: rotary against a float64 reference and invariant to a shift of both
+positions, each switch off giving exactly GPT-2's model, each on doing what it says, KV-cache generation
+equal to full recomputation with all of them on, and a run with all of them trained, resumed and refused by
+the GPT-2 export through the real CLI."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import run_cli, whole_and_resumed
+from gptforge.config import MODEL_SWITCHES
+from gptforge.layers import apply_rotary, rotary_angles
+from gptforge.model import GPT, SWITCHES, GPTConfig
+
+ALL_ON = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untie_head=True, zero_init=True, logit_softcap=15.0)
+
+
+def tiny(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**dict(block_size=32, vocab_size=37, n_layer=2, n_head=2, n_embd=32, bias=False), **kw}))
+
+
+def test_the_config_and_the_model_name_the_same_switches():
+    assert set(MODEL_SWITCHES) == set(SWITCHES)
+
+
+def test_rotary_matches_a_float64_rotation():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 7, 8, generator=gen)
+    positions = torch.arange(5, 12)
+    cos, sin = rotary_angles(positions, 8, 10000.0)
+    ours = apply_rotary(x, cos, sin)
+    expected = torch.empty(2, 3, 7, 8, dtype=torch.float64)
+    for t, pos in enumerate(positions.tolist()):
+        for i in range(4):  # pair (i, i + 4) turned by pos * base^(-2i/8), nanochat's direction
+            theta = pos * 10000.0 ** (-2 * i / 8)
+            a, b = x[..., t, i].double(), x[..., t, i + 4].double()
+            expected[..., t, i] = a * math.cos(theta) + b * math.sin(theta)
+            expected[..., t, i + 4] = b * math.cos(theta) - a * math.sin(theta)
+    torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_rotary_scores_depend_on_the_distance_only():
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 1, 1, 16, generator=gen, dtype=torch.float64), torch.randn(1, 1, 1, 16, dtype=torch.float64)
+
+    def score(m: int, n: int) -> float:
+        qc, qs = rotary_angles(torch.tensor([m]), 16, 500.0)
+        kc, ks = rotary_angles(torch.tensor([n]), 16, 500.0)
+        return (apply_rotary(q, qc.double(), qs.double()) * apply_rotary(k, kc.double(), ks.double())).sum().item()
+
+    for m, n in ((3, 1), (10, 4), (20, 20)):
+        for shift in (1, 7, 100):
+            assert score(m + shift, n + shift) == pytest.approx(score(m, n), abs=1e-4)  # float32 angles
+    assert score(3, 1) != pytest.approx(score(4, 1), rel=1e-3)
+
+
+@pytest.mark.parametrize("switch", sorted(SWITCHES))
+def test_each_switch_at_its_off_value_is_gpt2s_model(switch):
+    idx = torch.randint(0, 37, (2, 32), generator=torch.Generator().manual_seed(2))
+    plain, explicit = tiny(), tiny(**{switch: SWITCHES[switch]})
+    assert list(plain.state_dict()) == list(explicit.state_dict())
+    pairs = zip(plain.state_dict().values(), explicit.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert torch.equal(plain(idx, idx)[0], explicit(idx, idx)[0])
+
+
+def test_each_switch_on_does_what_it_says():
+    assert "transformer.wpe.weight" not in tiny(rotary=True).state_dict()
+    assert not any("ln_" in n for n, _ in tiny(rmsnorm=True).named_parameters())  # parameter-free norms
+    untied = tiny(untie_head=True)
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    zero = tiny(zero_init=True)
+    assert all(p.abs().sum() == 0 for n, p in zero.named_parameters() if n.endswith("c_proj.weight"))
+    capped = tiny(logit_softcap=2.0)
+    with torch.no_grad():
+        capped.lm_head.weight.mul_(1000)
+        logits = capped(torch.randint(0, 37, (1, 32)), torch.randint(0, 37, (1, 32)))[0]
+    assert logits.abs().max() <= 2.0 and logits.abs().max() > 1.9
+    for switch in ("qk_norm", "relu2"):  # change the function, not the parameters
+        idx = torch.randint(0, 37, (2, 32), generator=torch.Generator().manual_seed(3))
+        assert not torch.allclose(tiny(**{switch: True})(idx, idx)[0], tiny()(idx, idx)[0])
+
+
+def test_generation_with_the_cache_equals_recomputation_with_every_switch_on():
+    model = tiny(**{**ALL_ON, "zero_init": False}).eval()  # zero projections would make every layer an identity
+    prompt = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(4))
+    cached = model.generate(prompt, 40, temperature=0, use_cache=True)
+    plain = model.generate(prompt, 40, temperature=0, use_cache=False)
+    assert torch.equal(cached, plain)
+
+
+def test_a_run_with_every_switch_trains_resumes_exactly_and_is_refused_by_the_gpt2_export(char_data, tmp_path):
+    run = dict(max_iters=10, lr_decay_iters=10, warmup_iters=2, eval_interval=5, **ALL_ON, optimizer="muon")
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    a, _ = whole_and_resumed(char_data, tmp_path, run)
+    assert a["model_args"]["rotary"] is True and a["model_args"]["logit_softcap"] == 15.0
+    r = run_cli("train", f"--out_dir={split}", "--init_from=resume", "--rotary=False", cwd=tmp_path)
+    assert r.returncode == 2 and "rotary" in r.stderr
+    r = run_cli("sample", f"--out_dir={whole}", "--max_new_tokens=20", "--num_samples=1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("export", f"--out_dir={whole}", f"--to={tmp_path / 'hf'}", cwd=tmp_path)
+    assert r.returncode == 2 and "rotary=True" in r.stderr and "logit_softcap=15.0" in r.stderr, r.stderr
+    assert not (tmp_path / "hf").exists()
