@@ -197,6 +197,11 @@ def test_unknown_key_in_file_names_file_and_line(tmp_path):
         ("--learning_rate=1e999", r"--learning_rate must be a finite number, got inf"),
         ("--dashboard_port=65536", r"--dashboard_port must be a port number 0-65535"),
         ("--dropout=1.0", r"--dropout must be in \[0, 1\)"),
+        ("--rope_base=0", r"--rope_base must be positive \(the rotary wavelength base, e.g. 10000\), got 0.0"),
+        ("--logit_softcap=-15", r"--logit_softcap must not be negative, got -15.0"),
+        ("--optimizer=sgd", r"optimizer must be one of adamw, muon; got 'sgd'"),
+        ("--muon_momentum=1", r"--muon_momentum must be in \[0, 1\), got 1.0"),
+        ("--muon_warmup=-3", r"--muon_warmup must not be negative, got -3"),
         ("--init_from=gpt3", r"--init_from must be 'scratch', 'resume', one of gpt2, gpt2-medium"),
     ],
 )

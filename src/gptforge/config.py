@@ -373,9 +373,14 @@ def validate(cfg: TrainConfig) -> None:
         "hellaswag_limit",
         "ckpt_interval",
         "keep_last",
+        "muon_lr",
+        "muon_warmup",
+        "logit_softcap",
     ]:
         if getattr(cfg, key) < 0:
             raise UserError(f"--{key} must not be negative, got {getattr(cfg, key)}")
+    if cfg.rope_base <= 0:
+        raise UserError(f"--rope_base must be positive (the rotary wavelength base, e.g. 10000), got {cfg.rope_base}")
     for key, f in FIELDS.items():
         if f.type == "float" and not math.isfinite(getattr(cfg, key)):
             raise UserError(f"--{key} must be a finite number, got {getattr(cfg, key)}")
