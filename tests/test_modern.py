@@ -5,6 +5,7 @@ the GPT-2 export through the real CLI."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -12,6 +13,8 @@ import torch
 
 from conftest import run_cli, whole_and_resumed
 from gptforge.config import MODEL_SWITCHES
+from gptforge.errors import UserError
+from gptforge.export import export_hf
 from gptforge.layers import apply_rotary, rotary_angles
 from gptforge.model import GPT, SWITCHES, GPTConfig
 
@@ -93,7 +96,7 @@ def test_generation_with_the_cache_equals_recomputation_with_every_switch_on():
     assert torch.equal(cached, plain)
 
 
-def test_a_run_with_every_switch_trains_resumes_exactly_and_is_refused_by_the_gpt2_export(char_data, tmp_path):
+def test_a_run_with_every_switch_trains_resumes_exactly_and_exports_as_nanochat(char_data, tmp_path):
     run = dict(max_iters=10, lr_decay_iters=10, warmup_iters=2, eval_interval=5, **ALL_ON, optimizer="muon")
     whole, split = tmp_path / "whole", tmp_path / "split"
     a, _ = whole_and_resumed(char_data, tmp_path, run)
@@ -103,5 +106,32 @@ def test_a_run_with_every_switch_trains_resumes_exactly_and_is_refused_by_the_gp
     r = run_cli("sample", f"--out_dir={whole}", "--max_new_tokens=20", "--num_samples=1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     r = run_cli("export", f"--out_dir={whole}", f"--to={tmp_path / 'hf'}", cwd=tmp_path)
-    assert r.returncode == 2 and "rotary=True" in r.stderr and "logit_softcap=15.0" in r.stderr, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "nanochat"
+
+
+def test_nanochat_shaped_models_export_to_transformers_nanochat_with_equal_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = tiny(**{**ALL_ON, "zero_init": False, "rope_base": 500.0}).eval()
+    export_hf(model, str(tmp_path / "hf"), None)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    assert type(theirs).__name__ == "NanoChatForCausalLM"
+    idx = torch.randint(0, 37, (3, 32), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(idx).logits, model(idx, idx)[0], rtol=0, atol=1e-5)
+        prompt = idx[:1, :4]
+        hf_text = theirs.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert torch.equal(hf_text, model.generate(prompt, 20, temperature=0))
+
+
+@pytest.mark.parametrize("switches", [dict(rotary=True), dict(rmsnorm=True, relu2=True), {**ALL_ON, "bias": True}])
+def test_a_model_no_format_holds_is_refused_naming_what_is_missing(tmp_path, switches):
+    with pytest.raises(UserError, match="no Hugging Face format holds this model") as e:
+        export_hf(tiny(**switches), str(tmp_path / "hf"), None)
+    assert "NanoChat format also needs" in str(e.value)
     assert not (tmp_path / "hf").exists()
+
+
+def test_zero_init_alone_still_exports_as_gpt2(tmp_path):
+    export_hf(tiny(zero_init=True), str(tmp_path / "hf"), None)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "gpt2"

@@ -146,10 +146,13 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def add_export_and_dashboard(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a run's model as a Hugging Face GPT-2 folder", formatter_class=formatter,
+    p = sub.add_parser("export", help="write a run's model as a Hugging Face GPT-2 (or NanoChat) folder",
+                       formatter_class=formatter,
                        description="Write <out_dir>/ckpt.pt (or --ckpt PATH) as a Hugging Face GPT-2 folder "
                        "(config.json, model.safetensors and, for GPT-2 BPE runs, the tokenizer files) that "
-                       "transformers' GPT2LMHeadModel.from_pretrained and pipeline() load.")
+                       "transformers' GPT2LMHeadModel.from_pretrained and pipeline() load; a model with the "
+                       "nanochat switches on (rotary, rmsnorm, qk_norm, relu2, untie_head) as a NanoChat folder "
+                       "(NanoChatForCausalLM).")
     p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt")
     p.add_argument("--ckpt", default=None, metavar="PATH",
                    help="a checkpoint file to export instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)")

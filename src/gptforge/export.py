@@ -64,12 +64,7 @@ def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, fo
     folder = os.path.abspath(folder)
     _check_target(folder, force)
     cfg = model.config
-    modern = [f"{k}={getattr(cfg, k)!r}" for k, off in SWITCHES.items() if getattr(cfg, k) != off]
-    if modern:
-        raise UserError(
-            f"this model uses {', '.join(modern)}, which Hugging Face's GPT-2 format cannot express; only "
-            "GPT-2-shaped models (every model switch off) export for now"
-        )
+    nanochat = export_format(cfg) == "nanochat"
     bpe = bool(tokenizer_spec) and tokenizer_spec.get("tokenizer") == "gpt2"
     vocab_size = GPT2_VOCAB if bpe else cfg.vocab_size
     if vocab_size > cfg.vocab_size:
@@ -80,7 +75,7 @@ def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, fo
     notes = []
     if bpe and cfg.vocab_size > GPT2_VOCAB:
         notes.append(f"vocabulary cut from {cfg.vocab_size} (padded) to GPT-2's {GPT2_VOCAB} tokens")
-    if not cfg.bias:
+    if not cfg.bias and not nanochat:
         notes.append("the model has no biases; HF's GPT-2 always has them, so they are written as zeros")
     if not bpe:
         kind = (tokenizer_spec or {}).get("tokenizer", "unknown")
@@ -93,8 +88,8 @@ def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, fo
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         os.makedirs(tmp)
-        _write_model(model, tmp, vocab_size)
-        _write_json(os.path.join(tmp, "config.json"), _hf_config(model, vocab_size, bpe))
+        (_write_nanochat_model if nanochat else _write_model)(model, tmp, vocab_size)
+        _write_json(os.path.join(tmp, "config.json"), _hf_config(model, vocab_size, bpe, nanochat))
         gen = {"bos_token_id": GPT2_EOT, "eos_token_id": GPT2_EOT} if bpe else {}
         _write_json(os.path.join(tmp, "generation_config.json"), gen)
         if bpe:
@@ -105,6 +100,53 @@ def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, fo
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return notes
+
+
+# what Hugging Face's NanoChatForCausalLM computes; zero_init only changes the start, rope_base and
+# logit_softcap are in its config
+NANOCHAT = {"rotary": True, "rmsnorm": True, "qk_norm": True, "relu2": True, "untie_head": True, "bias": False}
+
+
+def export_format(cfg: Any) -> str:
+    """'gpt2' for GPT-2's model (every switch that changes the function off), 'nanochat' for nanochat's; any
+    other mix is an error naming what each format lacks."""
+    on = [f"{k}={getattr(cfg, k)!r}" for k, off in SWITCHES.items() if k != "zero_init" and getattr(cfg, k) != off]
+    if not on:
+        return "gpt2"
+    missing = [f"{k}={v!r}" for k, v in NANOCHAT.items() if getattr(cfg, k) != v]
+    if not missing:
+        return "nanochat"
+    raise UserError(
+        f"this model uses {', '.join(on)}, which Hugging Face's GPT-2 format cannot express, and its NanoChat "
+        f"format also needs {', '.join(missing)}: no Hugging Face format holds this model"
+    )
+
+
+def _write_nanochat_model(model: GPT, folder: str, vocab_size: int) -> None:
+    """NanoChatForCausalLM's tensor names; c_attn split into q, k and v."""
+    from safetensors.torch import save_file
+
+    C = model.config.n_embd
+    state = {k.removeprefix("_orig_mod."): v.detach() for k, v in model.state_dict().items()}
+    tensors = {
+        "model.embed_tokens.weight": state["transformer.wte.weight"][:vocab_size],
+        "lm_head.weight": state["lm_head.weight"][:vocab_size],
+    }
+    for i in range(model.config.n_layer):
+        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+        q, k, v = state[ours + "attn.c_attn.weight"].split(C, dim=0)
+        tensors.update(
+            {
+                theirs + "self_attn.q_proj.weight": q,
+                theirs + "self_attn.k_proj.weight": k,
+                theirs + "self_attn.v_proj.weight": v,
+                theirs + "self_attn.o_proj.weight": state[ours + "attn.c_proj.weight"],
+                theirs + "mlp.fc1.weight": state[ours + "mlp.c_fc.weight"],
+                theirs + "mlp.fc2.weight": state[ours + "mlp.c_proj.weight"],
+            }
+        )
+    tensors = {k: v.to(device="cpu", dtype=torch.float32).contiguous().clone() for k, v in tensors.items()}
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 
 
 def _check_target(folder: str, force: bool) -> None:
@@ -168,13 +210,35 @@ def _write_model(model: GPT, folder: str, vocab_size: int) -> None:
     save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 
 
-def _hf_config(model: GPT, vocab_size: int, bpe: bool) -> dict[str, Any]:
+def _hf_config(model: GPT, vocab_size: int, bpe: bool, nanochat: bool = False) -> dict[str, Any]:
+    """config.json: GPT2LMHeadModel's, or NanoChatForCausalLM's for a nanochat-shaped model."""
     cfg = model.config
     eot = GPT2_EOT if bpe else None
+    common = {"vocab_size": vocab_size, "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": None}
+    if nanochat:
+        return {
+            "architectures": ["NanoChatForCausalLM"],
+            "model_type": "nanochat",
+            **common,
+            "hidden_size": cfg.n_embd,
+            "intermediate_size": 4 * cfg.n_embd,
+            "num_hidden_layers": cfg.n_layer,
+            "num_attention_heads": cfg.n_head,
+            "num_key_value_heads": cfg.n_head,
+            "max_position_embeddings": cfg.block_size,
+            "hidden_act": "relu2",
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
+            "final_logit_softcapping": cfg.logit_softcap or None,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": False,
+            "dtype": "float32",
+        }
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
-        "vocab_size": vocab_size,
+        **common,
         "n_positions": cfg.block_size,
         "n_embd": cfg.n_embd,
         "n_layer": cfg.n_layer,
@@ -192,9 +256,6 @@ def _hf_config(model: GPT, vocab_size: int, bpe: bool) -> dict[str, Any]:
         "add_cross_attention": False,
         "use_cache": True,
         "tie_word_embeddings": True,
-        "bos_token_id": eot,
-        "eos_token_id": eot,
-        "pad_token_id": None,
         "dtype": "float32",
     }
 
