@@ -88,16 +88,7 @@ def test_ddp_matches_one_process_logs_once_and_resumes_exactly(char_data, tmp_pa
 
 @pytest.mark.slow
 def test_fsdp_matches_one_process_and_its_checkpoint_loads_in_one_process(char_data, tmp_path):
-    common = dict(
-        data_loader="sharded",
-        gradient_accumulation_steps=2,
-        batch_size=4,
-        max_iters=6,
-        eval_interval=3,
-        eval_iters=2,
-        dropout=0.0,
-        dtype="float32",
-    )
+    common = {**DDP_RUN, "gradient_accumulation_steps": 2, "max_iters": 6, "eval_interval": 3, "eval_iters": 2}
     single = one_process(char_data, tmp_path / "single", common)
     fsdp = tmp_path / "fsdp"
     r = torchrun(*tiny_train_args(char_data, fsdp, parallel="fsdp", **common))

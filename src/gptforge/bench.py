@@ -182,14 +182,15 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
         }
     if compare:
         out["speedup"] = out["default"]["tokens_per_s"] / out["baseline"]["tokens_per_s"]
+    kind = cpu_kind() if dev_type == "cpu" else {}
     out["device"] = {
         "name": device,
         "peak_flops": out["default"]["peak_flops"],
         "matmul_ceiling_flops": peaks,
         "cpu_fast_bf16": dev_type == "cpu" and cpu_has_fast_bf16(),
         "threads": torch.get_num_threads(),
-        "cpu": describe_cpu(cpu_kind()) if dev_type == "cpu" else "",
-        "cpu_kind": cpu_kind() if dev_type == "cpu" else {},
+        "cpu": describe_cpu(kind) if kind else "",
+        "cpu_kind": kind,
         "gpu": torch.cuda.get_device_name(device) if dev_type == "cuda" else "",
     }
     return out

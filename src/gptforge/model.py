@@ -46,14 +46,8 @@ class GPTConfig:
 
 # The switches and their off values; a checkpoint without them (older gptforge, nanoGPT) has them off.
 SWITCHES = {
-    "rotary": False,
-    "rope_base": 10000.0,
-    "rmsnorm": False,
-    "qk_norm": False,
-    "relu2": False,
-    "untie_head": False,
-    "zero_init": False,
-    "logit_softcap": 0.0,
+    name: getattr(GPTConfig, name)
+    for name in ("rotary", "rope_base", "rmsnorm", "qk_norm", "relu2", "untie_head", "zero_init", "logit_softcap")
 }
 # The GPTConfig fields a checkpoint's `model_args` must fix (dropout may change between runs).
 MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", *SWITCHES)
@@ -63,6 +57,9 @@ def model_args(settings: Any, vocab_size: int) -> dict[str, Any]:
     """The MODEL_ARGS of a new model: its shape from `settings` (a TrainConfig), its vocabulary from the data
     (model_vocab_size)."""
     return {**{k: getattr(settings, k) for k in MODEL_ARGS if k != "vocab_size"}, "vocab_size": vocab_size}
+
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # rotary cos and sin (T, head_size / 2)
 
 
 def norm_layer(config: GPTConfig) -> nn.Module:
@@ -77,22 +74,23 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.dropout = config.dropout
         self.fast_dropout = False  # GPT.use_fast_dropout sets it
-        self.rotary, self.rope_base, self.qk_norm = config.rotary, config.rope_base, config.qk_norm
+        self.qk_norm = config.qk_norm
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, rope: Rope | None = None
+    ) -> torch.Tensor:
+        """rope: the rotary (cos, sin) of these positions, computed once per forward by GPT.hidden_states."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
         hs = C // self.n_head
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        if self.rotary:  # positions continue after the cached tokens
-            start = cache.length if cache is not None else 0
-            cos, sin = rotary_angles(torch.arange(start, start + T, device=x.device), hs, self.rope_base)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
         causal = True
@@ -138,8 +136,10 @@ class Block(nn.Module):
         self.ln_2 = norm_layer(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache, layer)
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, rope: Rope | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, layer, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -224,14 +224,17 @@ class GPT(nn.Module):
         start = cache.length if cache is not None else 0
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
+        positions = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # after the cached tokens
         x = self.transformer.wte(idx)  # (B, T, C)
         if "wpe" in self.transformer:
-            x = x + self.transformer.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))
+            x = x + self.transformer.wpe(positions)
+        cfg = self.config
+        rope = rotary_angles(positions, cfg.n_embd // cfg.n_head, cfg.rope_base) if cfg.rotary else None
         if self.config.rmsnorm:
             x = rms_norm(x)  # nanochat normalises the embedding too
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, cache, layer)
+            x = block(x, cache, layer, rope)
         if cache is not None:
             cache.length += T
         return self.transformer.ln_f(x)  # (B, T, C)
