@@ -183,3 +183,23 @@ def test_rotation_keeps_the_newest_step_checkpoints(tmp_path):
     removed = ck.rotate_step_checkpoints(str(tmp_path), 2)
     assert [os.path.basename(p) for p in removed] == ["model_00005.pt", "model_00010.pt"]
     assert sorted(os.listdir(tmp_path)) == ["model_00015.pt", "model_100000.pt", "model_final.pt"]
+
+
+def test_an_interrupt_inside_a_write_whose_clean_up_fails_is_still_the_interrupt(tmp_path):
+    """torch.save's zip writer, interrupted mid-write, fails again closing the file ("unexpected pos"): the
+    command must still end as interrupted (exit 130), the old file intact and no temporary left."""
+    from gptforge.files import atomic_write
+
+    target = tmp_path / "ckpt.pt"
+    target.write_bytes(b"old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_write(str(target)) as fh:
+            try:
+                fh.write(b"half")
+                raise KeyboardInterrupt
+            finally:
+                raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos")
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["ckpt.pt"]
+    with pytest.raises(RuntimeError):  # an error with no interrupt behind it stays itself
+        with atomic_write(str(target)) as fh:
+            raise RuntimeError("disk on fire")

@@ -59,9 +59,16 @@ def atomic_write(path: str, mode: str = "wb", encoding: str | None = None) -> It
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        interrupt = e.__context__
+        while interrupt is not None and not isinstance(interrupt, KeyboardInterrupt):
+            interrupt = interrupt.__context__
+        if interrupt is not None and not isinstance(e, KeyboardInterrupt):
+            # a Ctrl-C / SIGTERM inside the writer, whose own clean-up then failed (torch.save's zip writer:
+            # "unexpected pos"): the interrupt is what happened, and the command exits as interrupted
+            raise interrupt from None
         raise
     fsync_path(os.path.dirname(os.path.abspath(path)))
 
