@@ -82,6 +82,16 @@ def char_data(tmp_path: Path) -> Path:
     return data_dir
 
 
+@pytest.fixture
+def bpe_data(tmp_path: Path, tiktoken_cache: Path) -> Path:
+    """A GPT-2 BPE dataset `bpe` (one repeated line) under tmp_path/data; returns the data_dir."""
+    from gptforge.data.prepare import prepare
+
+    (tmp_path / "t.txt").write_text("To be, or not to be, that is the question. " * 60)
+    prepare("text", data_dir=str(tmp_path / "data"), files=[str(tmp_path / "t.txt")], name="bpe", tokenizer="gpt2")
+    return tmp_path / "data"
+
+
 def tiny_train_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
     """Command-line style options for a seconds-long CPU run on the `tiny` dataset."""
     opts = dict(

@@ -96,10 +96,10 @@ def test_help_lists_options_with_defaults(command):
             "--steps_per_epoch, --num_epochs -> max_iters",
         ],
         "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from", "--ckpt PATH"]
-        + ["--top_p", "--stop_token", "--window {slide,half}", "(default: slide)", "faster on long samples"]
+        + ["--top_p", "--stop_token", "--window {slide,half,stream}", "(default: slide)", "faster on long samples"]
         + ["a file (default: a newline) --num_samples", "instead of using the KV cache (default: the cache is on)"],
         "export": ["--out_dir", "--to", "--ckpt PATH"],
-        "bench": ["--compare", "--json", "(default: 5)"],
+        "bench": ["--compare", "--json", "(default: 5)", "--target_loss=X", "=FILE with --target_loss"],
         "dashboard": ["--port", "(default: 8765)", "(default: 127.0.0.1)"],
         "eval loss": ["--ckpt PATH", "--split {val,train,both}", "(default: val)", "--eval_iters", "perplexity"]
         + ["under --data_dir (default: the run's) --data_dir", "per split (default: the run's, or 200) --batch_size"],

@@ -12,6 +12,7 @@ import torch
 
 from conftest import tiny_train_args
 from gptforge.checkpoint import load_checkpoint
+from test_modern import ALL_ON
 
 # 2 ranks x 2 micro-batches = one process's 4, from the sharded loader: the same data either way
 DDP_RUN = dict(
@@ -129,16 +130,27 @@ def test_user_error_under_torchrun_exits_cleanly_on_every_rank(char_data, tmp_pa
 
 
 @pytest.mark.slow
-def test_muon_under_two_processes_equals_one_process(char_data, tmp_path):
-    """Every rank orthogonalises the same averaged gradient: the DDP run's weights equal one process's."""
-    common = {**DDP_RUN, "optimizer": "muon", "muon_warmup": 3}
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_muon_under_two_processes_equals_one_process(char_data, tmp_path, parallel):
+    """With every model switch on. DDP: every rank orthogonalises the same averaged gradient. FSDP: every rank
+    gathers each matrix whole, orthogonalises it and keeps its shard. Either way the weights equal one
+    process's, and (FSDP) a resumed run continues as the uninterrupted one."""
+    common = {**DDP_RUN, **ALL_ON, "optimizer": "muon", "muon_warmup": 3, "parallel": parallel}
     single = one_process(char_data, tmp_path / "single", common)
-    r = torchrun(*tiny_train_args(char_data, tmp_path / "ddp", **common))
+    r = torchrun(*tiny_train_args(char_data, tmp_path / "two", **common))
     assert r.returncode == 0, r.stderr[-3000:]
     one, _ = losses(single)
-    two, _ = losses(tmp_path / "ddp")
+    two, _ = losses(tmp_path / "two")
     assert len(one) == len(two) == 8
     assert max(abs(a - b) for a, b in zip(one, two, strict=True)) < 1e-5, (one, two)
-    a, b = load_checkpoint(str(single / "ckpt.pt")), load_checkpoint(str(tmp_path / "ddp" / "ckpt.pt"))
+    a, b = load_checkpoint(str(single / "ckpt.pt")), load_checkpoint(str(tmp_path / "two" / "ckpt.pt"))
     assert max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"]) < 1e-5
-    assert torch.equal(a["optimizer"]["state"][0]["step"], b["optimizer"]["state"][0]["step"])
+    if parallel == "ddp":
+        assert torch.equal(a["optimizer"]["state"][0]["step"], b["optimizer"]["state"][0]["step"])
+        return
+    longer = {**common, "max_iters": 10}  # the schedule (lr_decay_iters 20) is the same
+    r = torchrun(*tiny_train_args(char_data, tmp_path / "two", **{**longer, "init_from": "resume"}))
+    assert r.returncode == 0, r.stderr[-3000:]
+    whole, _ = losses(one_process(char_data, tmp_path / "whole", longer))
+    resumed, _ = losses(tmp_path / "two")
+    assert max(abs(a - b) for a, b in zip(whole, resumed, strict=True)) < 1e-5, (whole, resumed)

@@ -17,6 +17,7 @@ GROUPS = [
     ("pretrained", "checkpoint"),  # weights in and out of files
     ("checkpointer", "sample", "evaluate.loss", "evaluate.hellaswag", "export", "bench"),  # what uses a model
     ("train_setup", "train"),  # the training run (bench never imports it: they share optim.accumulate_gradients)
+    ("time_to_loss",),  # bench --target_loss: whole training runs to a loss
     ("cli_args", "cli"),  # the command line; nothing imports it
 ]
 ORDER = [name for group in GROUPS for name in group]

@@ -1,7 +1,7 @@
 """The modern recipe's model switches: rotary against a float64 reference and invariant to a shift of both
 positions, each switch off giving exactly GPT-2's model, each on doing what it says, KV-cache generation
-equal to full recomputation with all of them on, and a run with all of them trained, resumed and refused by
-the GPT-2 export through the real CLI."""
+equal to full recomputation with all of them on, the 'stream' window equal to sliding-window attention in
+float64, and a run with all of them trained, resumed, sampled and exported through the real CLI."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import math
 import pytest
 import torch
 
+import gptforge.model as model_module
 from conftest import run_cli, whole_and_resumed
 from gptforge.config import MODEL_SWITCHES
 from gptforge.errors import UserError
 from gptforge.export import export_hf
-from gptforge.layers import apply_rotary, rotary_angles
+from gptforge.layers import KVCache, apply_rotary, rotary_angles
 from gptforge.model import GPT, SWITCHES, GPTConfig
 
 ALL_ON = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untie_head=True, zero_init=True, logit_softcap=15.0)
@@ -96,6 +97,37 @@ def test_generation_with_the_cache_equals_recomputation_with_every_switch_on():
     assert torch.equal(cached, plain)
 
 
+def banded_attention(window: int):
+    """SDPA whose causal mask also hides keys `window` or more tokens back: sliding-window attention."""
+
+    def attend(q, k, v, dropout_p=0.0, is_causal=False):
+        assert is_causal and dropout_p == 0.0
+        i = torch.arange(q.size(-2))[:, None]
+        j = torch.arange(k.size(-2))[None, :]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        return scores.masked_fill((j > i) | (j <= i - window), -math.inf).softmax(-1) @ v
+
+    return attend
+
+
+def test_the_stream_window_is_sliding_window_attention_over_the_whole_text(monkeypatch):
+    model = tiny(**{**ALL_ON, "zero_init": False}).double().eval()  # block_size 32
+    prompt = torch.randint(0, 37, (2, 6), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        text = model.generate(prompt, 70, temperature=0, window="stream")  # 76 tokens: the ring wraps twice
+        cache, steps = KVCache(model.config.n_layer, 32, ring=True), []
+        steps.append(model(text[:, :6], cache=cache)[0])
+        steps += [model(text[:, t : t + 1], cache=cache)[0] for t in range(6, 75)]
+        assert cache.length == 32 and cache.position == 75
+        monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", banded_attention(32))
+        model.config.block_size = 76  # rotary: no position table, block_size is only a check
+        reference = model.logits(model.hidden_states(text[:, :-1]))  # (2, 75, V), absolute positions
+    torch.testing.assert_close(torch.cat(steps, 1), reference[:, 5:], rtol=0, atol=1e-10)
+    assert torch.equal(text[:, 6:], reference[:, 5:].argmax(-1))
+    with pytest.raises(ValueError, match="needs a rotary model"):
+        tiny().generate(prompt, 40, window="stream")
+
+
 def test_a_run_with_every_switch_trains_resumes_exactly_and_exports_as_nanochat(char_data, tmp_path):
     run = dict(max_iters=10, lr_decay_iters=10, warmup_iters=2, eval_interval=5, **ALL_ON, optimizer="muon")
     whole, split = tmp_path / "whole", tmp_path / "split"
@@ -105,6 +137,10 @@ def test_a_run_with_every_switch_trains_resumes_exactly_and_exports_as_nanochat(
     assert r.returncode == 2 and "rotary" in r.stderr
     r = run_cli("sample", f"--out_dir={whole}", "--max_new_tokens=20", "--num_samples=1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    r = run_cli("sample", f"--out_dir={whole}", "--max_new_tokens=80", "--window=stream", "--seed=3", cwd=tmp_path)
+    assert r.returncode == 0 and "stream window" in r.stderr, r.stderr  # past block_size 32 on the ring cache
+    r = run_cli("sample", f"--out_dir={whole}", "--window=stream", "--no_cache", cwd=tmp_path)
+    assert r.returncode == 2 and "--window=stream is the KV cache's own window" in r.stderr
     r = run_cli("export", f"--out_dir={whole}", f"--to={tmp_path / 'hf'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "nanochat"

@@ -10,12 +10,9 @@ import torch
 
 from conftest import whole_and_resumed
 from gptforge.config import TrainConfig
-from gptforge.distributed import DistEnv
-from gptforge.errors import UserError
 from gptforge.model import GPT, GPTConfig
 from gptforge.muon import CUBIC, MuonAdamW, orthogonalize
 from gptforge.optim import configure_optimizer, muon_settings
-from gptforge.train_setup import resolve_config
 
 
 def polar(g: torch.Tensor) -> torch.Tensor:
@@ -86,14 +83,6 @@ def test_configure_optimizer_gives_the_blocks_matrices_to_muon_and_the_rest_to_a
     assert configure_optimizer(model, 0.1, 1e-3, (0.9, 0.95), "cpu", muon_settings(TrainConfig())).__class__ is (
         torch.optim.AdamW
     )
-
-
-def test_muon_with_fsdp_is_refused_before_anything_is_written():
-    env = DistEnv(rank=0, world_size=2, device="cpu", ddp=True)
-    cfg = TrainConfig(optimizer="muon", parallel="fsdp", device="cpu")
-    meta = {"tokenizer": "char", "vocab_size": 65}
-    with pytest.raises(UserError, match="--optimizer=muon does not work with --parallel=fsdp"):
-        resolve_config(cfg, env, meta, {"vocab_size": 65})
 
 
 def test_a_resumed_muon_run_equals_an_uninterrupted_one(char_data, tmp_path):

@@ -280,14 +280,13 @@ def test_cli_export(tmp_path, tiktoken_cache):
     assert not (tmp_path / "hf/merges.txt").exists()
 
 
-def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path, tiktoken_cache, hellaswag_path):
+def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path, bpe_data, hellaswag_path):
     """init_from=<HF folder>: training starts from its weights, checkpoints, resumes; sample loads it too."""
     import json
 
     from conftest import run_cli, tiny_train_args
     from gptforge.checkpoint import load_checkpoint
     from gptforge.config import load_config
-    from gptforge.data.prepare import prepare
     from gptforge.train import train
 
     torch.manual_seed(0)
@@ -299,9 +298,6 @@ def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path
     )
     folder = tmp_path / "hf"
     hf.save_pretrained(folder)
-    text = tmp_path / "t.txt"
-    text.write_text("To be, or not to be, that is the question. " * 60)
-    prepare("text", data_dir=str(tmp_path / "data"), files=[str(text)], name="bpe", tokenizer="gpt2")
     common = dict(
         dataset="bpe",
         init_from=str(folder),

@@ -79,16 +79,36 @@ def run_train(args: list[str]) -> int:
 
 
 def run_bench(args: list[str]) -> int:
-    # a bare --tokenizers means generated text: a file is given only as --tokenizers=FILE, so that a config file
-    # after it stays a config file
-    args = ["--tokenizers=" if arg == "--tokenizers" else arg for arg in args]
+    # a bare --tokenizers means generated text and a bare --compare the baseline: a file is given only as
+    # --tokenizers=FILE / --compare=FILE, so that a config file after either stays a config file
+    args = [f"{arg}=" if arg in ("--tokenizers", "--compare") else arg for arg in args]
     opts, rest = bench_parser().parse_known_args(args)
-    from gptforge.bench import run_bench as bench
     from gptforge.config import load_config
+
+    if opts.target_loss is not None:
+        from gptforge.time_to_loss import run_time_to_loss
+
+        files = [a for a in rest if not a.startswith("--") and a.endswith(".py")]
+        name = os.path.basename(files[-1]).removesuffix(".py") if files else "config"
+        cfgs = [(name, load_config(rest))]
+        if opts.compare == "":
+            raise UserError("with --target_loss, --compare names the config to race: --compare=CONFIG_FILE")
+        if opts.compare is not None:  # the other config file, with the same --key=value options on top
+            other = os.path.basename(opts.compare).removesuffix(".py")
+            other = other if other != name else f"{other} (compare)"
+            cfgs.append((other, load_config([opts.compare, *[a for a in rest if a not in files]])))
+        run_time_to_loss(cfgs, opts.target_loss, opts.eval_every, opts.eval_tokens, opts.max_seconds, opts.json)
+        return 0
+    if opts.compare:
+        raise UserError(
+            f"--compare={opts.compare} races two configs and needs --target_loss; a bare --compare "
+            "times the baseline step"
+        )
+    from gptforge.bench import run_bench as bench
 
     bench(
         load_config(rest),
-        compare=opts.compare,
+        compare=opts.compare is not None,
         as_json=opts.json,
         iters=opts.iters,
         warmup=opts.warmup,

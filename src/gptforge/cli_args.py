@@ -4,6 +4,7 @@ dispatches). `train` and `bench` also take nanoGPT config files and --key=value 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from gptforge import __version__
@@ -105,11 +106,13 @@ def add_sample(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no_cache", dest="use_cache", action="store_false",
                    help="recompute the whole context at every token instead of using the KV cache (default: the cache "
                    "is on); the same tokens, only slower")
-    p.add_argument("--window", default="slide", choices=["slide", "half"],
+    p.add_argument("--window", default="slide", choices=["slide", "half", "stream"],
                    help="the context once a sample outgrows the model's block_size: 'slide' = the last block_size "
                    "tokens at every step, as nanoGPT's sample.py (one full pass per token); 'half' = restart from "
                    "the last block_size/2 tokens and grow again with the KV cache (faster on long samples; a "
-                   "shorter context, so other text)")
+                   "shorter context, so other text); 'stream' (rotary models) = the KV cache drops its oldest "
+                   "token and keeps going, one cached step per token (sliding-window attention: other text than "
+                   "'slide')")
     add_device(p, seed_help="random seed: the same seed gives the same samples")
 
 
@@ -189,12 +192,25 @@ def bench_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptforge bench", formatter_class=formatter, allow_abbrev=False,
         usage="gptforge bench [CONFIG_FILE ...] [--key=value ...] [--compare] [--json] [--iters N] [--warmup N] "
-        "[--rounds N] [--generation] [--tokenizers[=TEXT_FILE]]",
+        "[--rounds N] [--generation] [--tokenizers[=TEXT_FILE]]\n"
+        "       gptforge bench CONFIG_FILE [--key=value ...] --target_loss=X [--compare=OTHER_CONFIG_FILE] "
+        "[--eval_every N] [--eval_tokens N] [--max_seconds S] [--json]",
         description="Time the real training step of a config (forward, backward, clipping, AdamW, with its gradient "
         "accumulation) on random tokens, after warm-up. Config files and --key=value work as for `gptforge train`.")
-    p.add_argument("--compare", action="store_true",
-                   help="also time the baseline (float32, eager, plain AdamW: nanoGPT on a CPU), alternating with the "
-                   "default in rounds, and report the speedup (default tokens/s / baseline tokens/s)")
+    p.add_argument("--compare", default=None, metavar="OTHER_CONFIG_FILE",
+                   help="bare: also time the baseline (float32, eager, plain AdamW: nanoGPT on a CPU), alternating "
+                   "with the default in rounds, and report the speedup (default tokens/s / baseline tokens/s); "
+                   "=FILE with --target_loss: then train that config (with the same --key=value options) to the "
+                   "same target and print the ratio of the wall times")
+    p.add_argument("--target_loss", type=float, default=None, metavar="X",
+                   help="time to loss: train the config from scratch until the val loss on a fixed held-out set is "
+                   "X or less; prints wall seconds of training (evaluations not counted), steps and tokens")
+    p.add_argument("--eval_every", type=int, default=None, metavar="N",
+                   help="with --target_loss: check the loss every N steps (default max_iters / 100)")
+    p.add_argument("--eval_tokens", type=int, default=131072, metavar="N",
+                   help="with --target_loss: held-out tokens (the val split's first N, in block_size windows)")
+    p.add_argument("--max_seconds", type=float, default=math.inf, metavar="S",
+                   help="with --target_loss: give up after S seconds of training")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object on stdout: {"default": M, "baseline": M, "speedup": x, ...} with M = '
                    '{"ms_per_iter", "tokens_per_s", "mfu", "peak_mem_bytes", ...}')

@@ -42,7 +42,7 @@ class TrainConfig:
     init_from: str = _f(
         "scratch",
         "'scratch' (new model), 'resume' (out_dir/ckpt.pt), a GPT-2 name ('gpt2', "
-        "'gpt2-medium', 'gpt2-large', 'gpt2-xl') or a Hugging Face GPT-2 folder",
+        "'gpt2-medium', 'gpt2-large', 'gpt2-xl') or a Hugging Face GPT-2 or NanoChat folder",
     )
     # --- wandb ---------------------------------------------------------------------------------------------
     wandb_log: bool = _f(False, "log metrics to Weights & Biases (pip install 'gptforge[wandb]')")
@@ -401,7 +401,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.init_from not in ("scratch", "resume", *GPT2_NAMES) and not os.path.isdir(cfg.init_from):
         raise UserError(
             f"--init_from must be 'scratch', 'resume', one of {', '.join(GPT2_NAMES)}, or a folder holding a Hugging "
-            f"Face GPT-2 checkpoint (config.json + model.safetensors); got {cfg.init_from!r}"
+            f"Face GPT-2 or NanoChat model (config.json + model.safetensors); got {cfg.init_from!r}"
         )
     if not cfg.out_dir:
         raise UserError("--out_dir must not be empty")

@@ -46,7 +46,12 @@ def export_run(out_dir: str, ckpt: str | None, to: str, force: bool) -> str:
     for note in export_hf(model, to, tok.spec(), force=force):
         log(f"note: {note}")
     step = checkpoint.get("iter_num", "?")
-    print(f"wrote {to}: a Hugging Face GPT-2 folder (GPT2LMHeadModel) of {path}, step {step}")
+    kind = (
+        "NanoChat folder (NanoChatForCausalLM)"
+        if export_format(model.config) == "nanochat"
+        else "GPT-2 folder (GPT2LMHeadModel)"
+    )
+    print(f"wrote {to}: a Hugging Face {kind} of {path}, step {step}")
     return path
 
 

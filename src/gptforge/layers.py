@@ -13,25 +13,39 @@ from torch.nn import functional as F
 class KVCache:
     """Keys and values of the tokens seen so far, per layer, so generation feeds one new token per step.
 
-    Filled by a prefill (the whole prompt, causal) and then one token at a time; `length` tokens are held.
-    Allocated on first use in the dtype the attention produces (float32, or bf16 / fp16 under autocast).
+    Filled by a prefill (the whole prompt, causal) and then one token at a time. `position` tokens have been
+    seen (the next one's position); `length` are held. A `ring` cache (rotary models, window 'stream') holds the
+    last max_len and overwrites the oldest once full: attention of one query over its keys does not depend on
+    their order, and rotary keys carry their own positions. Allocated on first use in the dtype the attention
+    produces (float32, or bf16 / fp16 under autocast).
     """
 
-    def __init__(self, n_layer: int, max_len: int):
-        self.n_layer, self.max_len, self.length = n_layer, max_len, 0
+    def __init__(self, n_layer: int, max_len: int, ring: bool = False):
+        self.n_layer, self.max_len, self.ring = n_layer, max_len, ring
+        self.position = self.length = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (B, nh, T, hs) after the cached ones; return all keys and values (B, nh, length + T, hs)."""
+        """Store k, v (B, nh, T, hs) after the cached ones; return every key and value held (B, nh, L, hs)."""
         B, nh, T, hs = k.shape
         if len(self.k) <= layer:
             self.k.append(k.new_empty(B, nh, self.max_len, hs))
             self.v.append(v.new_empty(B, nh, self.max_len, hs))
-        assert self.length + T <= self.max_len, "KV cache overflow: generate() re-prefills before this happens"
-        self.k[layer][:, :, self.length : self.length + T] = k
-        self.v[layer][:, :, self.length : self.length + T] = v
-        return self.k[layer][:, :, : self.length + T], self.v[layer][:, :, : self.length + T]
+        if self.position + T > self.max_len:
+            assert self.ring and T == 1, "KV cache overflow: generate() re-prefills before this happens"
+            slot = self.position % self.max_len  # the oldest token's place
+            self.k[layer][:, :, slot : slot + 1] = k
+            self.v[layer][:, :, slot : slot + 1] = v
+            return self.k[layer], self.v[layer]
+        self.k[layer][:, :, self.position : self.position + T] = k
+        self.v[layer][:, :, self.position : self.position + T] = v
+        return self.k[layer][:, :, : self.position + T], self.v[layer][:, :, : self.position + T]
+
+    def advance(self, T: int) -> None:
+        """After every layer has stored T new tokens."""
+        self.position += T
+        self.length = min(self.position, self.max_len)
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:

@@ -97,8 +97,8 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             # A prefill (empty cache) is causal over the prompt; after it, one new token attends to every
             # cached one, all in its past, so no mask is needed.
-            assert cache.length == 0 or T == 1, "after the prefill, feed one token at a time"
-            causal = cache.length == 0
+            assert cache.position == 0 or T == 1, "after the prefill, feed one token at a time"
+            causal = cache.position == 0
             k, v = cache.update(layer, k, v)  # (B, nh, length + T, hs)
         p = self.dropout if self.training else 0.0
         if self.fast_dropout and 0.0 < p < 1.0 and causal:
@@ -198,7 +198,7 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits, loss). Without targets only the last position's logits (B, 1, V).
 
-        With a KVCache, idx continues the cached tokens (positions start at cache.length) and the cache grows.
+        With a KVCache, idx continues the cached tokens (positions start at cache.position) and the cache grows.
         """
         x = self.hidden_states(idx, cache)  # (B, T, C)
         if targets is None:
@@ -221,8 +221,8 @@ class GPT(nn.Module):
         forward() without lm_head, for callers that need the logits at a few positions only (HellaSwag).
         """
         B, T = idx.size()
-        start = cache.length if cache is not None else 0
-        if start + T > self.config.block_size:
+        start = cache.position if cache is not None else 0
+        if start + T > self.config.block_size and not (cache is not None and cache.ring and T <= cache.max_len):
             raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
         positions = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # after the cached tokens
         x = self.transformer.wte(idx)  # (B, T, C)
@@ -236,7 +236,7 @@ class GPT(nn.Module):
         for layer, block in enumerate(self.transformer.h):
             x = block(x, cache, layer, rope)
         if cache is not None:
-            cache.length += T
+            cache.advance(T)
         return self.transformer.ln_f(x)  # (B, T, C)
 
     def crop_block_size(self, block_size: int) -> None:
@@ -293,18 +293,26 @@ class GPT(nn.Module):
           every cached key shifts by one each step: the window is run from scratch per token.
         - 'half': only the last block_size // 2 tokens, growing again from there until it fills: one pass per
           block_size // 2 tokens, then cached steps, so faster on long samples but a shorter context.
-        While the sequence fits, both feed the whole sequence. With the cache, a window is run once (prefill),
+        - 'stream' (rotary models, with the cache): the cache keeps the last block_size tokens' keys and values
+          and drops the oldest, so every step is one cached token. Each kept key keeps the context it was
+          computed in: sliding-window attention over the whole sequence, not 'slide's recomputed window.
+        While the sequence fits, all feed the whole sequence. With the cache, a window is run once (prefill),
         then one token per step; without it, the same window is recomputed at every step: same tokens.
         """
         if window not in WINDOWS:
             raise ValueError(f"window must be one of {WINDOWS}, got {window!r}")
+        if window == "stream" and not (self.config.rotary and use_cache):
+            raise ValueError("window 'stream' needs a rotary model (learned positions end at block_size) and the cache")
         block_size = self.config.block_size
         cache, cache_start, start = None, -1, max(0, idx.size(1) - block_size)
         seq = idx
         done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
             start = context_start(seq.size(1), start, block_size, window)
-            if use_cache and cache is not None and start == cache_start:
+            if window == "stream" and cache is None:
+                cache = KVCache(self.config.n_layer, block_size, ring=True)
+                logits, _ = self(seq[:, start:], cache=cache)  # prefill: the last block_size tokens at most
+            elif window == "stream" or (use_cache and cache is not None and start == cache_start):
                 logits, _ = self(seq[:, -1:], cache=cache)  # one new token against the cached ones
             elif use_cache and (window == "half" or seq.size(1) < block_size):
                 # a window that later steps extend: 'half' always, 'slide' only until the sequence fills it
@@ -324,14 +332,14 @@ class GPT(nn.Module):
 
 
 # generate()'s context windows once the sequence outgrows block_size; the first is the default (nanoGPT's).
-WINDOWS = ("slide", "half")
+WINDOWS = ("slide", "half", "stream")
 
 
 def context_start(length: int, start: int, block_size: int, window: str) -> int:
     """Where the context of the next token begins in a sequence of `length` tokens, given the previous step's
     `start`: 'slide' keeps the last block_size tokens; 'half' keeps its window until the window outgrows
     block_size, then restarts it from the last block_size // 2 tokens."""
-    if window == "slide":
+    if window in ("slide", "stream"):
         return max(0, length - block_size)
     if length - start > block_size:
         return length - max(1, block_size // 2)

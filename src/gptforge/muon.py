@@ -9,7 +9,8 @@ not matrices in that sense and keep AdamW.
 One optimizer class holding both kinds of parameter group keeps everything that works on a torch optimizer
 working: the lr schedule (each group scaled by its `lr_scale`), GradScaler, gradient clipping, and the
 checkpoint (`state_dict` holds both momenta and both step counts, so a resumed run continues bit for bit).
-Under DDP every rank holds the same averaged gradient, so every rank computes the same update.
+Under DDP every rank holds the same averaged gradient, so every rank computes the same update. Under FSDP each
+rank holds a shard of each matrix: its update is computed on the whole matrix (`_orthogonalize_whole`).
 """
 
 from __future__ import annotations
@@ -84,7 +85,10 @@ class MuonAdamW(torch.optim.Optimizer):
         buf = state["exp_avg"]
         buf.mul_(momentum).add_(p.grad)
         direction = p.grad.add(buf, alpha=momentum)  # Nesterov: the gradient plus the momentum it leads to
-        update = orthogonalize(direction.float(), group["ns_steps"]).to(p.dtype)
+        if hasattr(direction, "full_tensor"):  # FSDP: a shard of the matrix on each rank
+            update = _orthogonalize_whole(direction, group["ns_steps"])
+        else:
+            update = orthogonalize(direction.float(), group["ns_steps"]).to(p.dtype)
         # the same update RMS for tall and wide matrices of the same size
         update *= max(1.0, p.size(0) / p.size(1)) ** 0.5
         p.mul_(1.0 - group["lr"] * group["weight_decay"])
@@ -99,3 +103,15 @@ class MuonAdamW(torch.optim.Optimizer):
         p.mul_(1.0 - group["lr"] * group["weight_decay"])
         denom = (state["exp_avg_sq"] / (1.0 - beta2**step)).sqrt_().add_(group["eps"])
         p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1.0 - beta1**step))
+
+
+def _orthogonalize_whole(direction: torch.Tensor, steps: int) -> torch.Tensor:
+    """Muon's update of a sharded matrix (an FSDP2 DTensor): every rank gathers the whole matrix, orthogonalises
+    it (the same arithmetic on every rank, so the same result) and keeps its own shard, as a DTensor placed
+    like the parameter. The same update as one process computes, at the price of an all-gather per matrix and
+    each rank repeating the iteration."""
+    from torch.distributed.tensor import distribute_tensor
+
+    whole = orthogonalize(direction.full_tensor().float(), steps).to(direction.dtype)
+    # src_data_rank=None: each rank slices its own copy (all equal), no scatter from rank 0
+    return distribute_tensor(whole, direction.device_mesh, direction.placements, src_data_rank=None)

@@ -1,6 +1,8 @@
 """OpenAI's GPT-2 weights in: a Hugging Face GPT-2 folder (config.json + model.safetensors) or a hub name, mapped
-onto GPT (HF stores the four block matrices as Conv1D, the transpose of nn.Linear). Only hub names need
-transformers. The mapping: docs/ARCHITECTURE.md "GPT-2 weights and Hugging Face"; export.py goes the other way."""
+onto GPT (HF stores the four block matrices as Conv1D, the transpose of nn.Linear); and a Hugging Face NanoChat
+folder (what `gptforge export` writes for a nanochat-shaped model) onto GPT with the modern switches on. Only hub
+names need transformers. The mapping: docs/ARCHITECTURE.md "GPT-2 weights and Hugging Face"; export.py goes the
+other way."""
 
 from __future__ import annotations
 
@@ -35,25 +37,21 @@ def load_pretrained(
     """
     folder = name_or_folder if os.path.isdir(name_or_folder) else _download(name_or_folder)
     config = _read_config(folder)
-    n_positions = config["n_positions"]
+    nanochat = config.get("model_type") == "nanochat"
+    args = (_nanochat_args if nanochat else _gpt2_args)(config, os.path.join(folder, "config.json"))
+    n_positions = args["block_size"]
     if block_size is not None and not 0 < block_size <= n_positions:
         raise UserError(
-            f"block_size {block_size} does not fit {name_or_folder}: its position table has {n_positions} "
+            f"block_size {block_size} does not fit {name_or_folder}: it has {n_positions} "
             f"positions; use --block_size={n_positions} or less"
         )
-    args = dict(
-        n_layer=config["n_layer"],
-        n_head=config["n_head"],
-        n_embd=config["n_embd"],
-        block_size=n_positions,
-        bias=True,
-        vocab_size=config["vocab_size"],
-    )
-    state = _to_gpt_state(_read_weights(folder), args, config, folder)
+    weights = _read_weights(folder)
+    state = _from_nanochat(weights, args, folder) if nanochat else _to_gpt_state(weights, args, config, folder)
     with torch.device("meta"):  # no random init of weights that are overwritten at once (gpt2-xl: 1.5B)
         model = GPT(GPTConfig(**args, dropout=dropout))
     model.load_state_dict(state, strict=True, assign=True)
-    model.transformer.wte.weight = model.lm_head.weight  # assign=True replaced both: tie them again
+    if not model.config.untie_head:
+        model.transformer.wte.weight = model.lm_head.weight  # assign=True replaced both: tie them again
     if block_size is not None and block_size < n_positions:
         model.crop_block_size(block_size)
     return model, {k: getattr(model.config, k) for k in MODEL_ARGS}
@@ -136,24 +134,84 @@ def _read_config(folder: str) -> dict[str, Any]:
         raise UserError(f"{folder} has no config.json: {LOCAL_OPTION}") from None
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {path}: {e}") from None
-    missing = [k for k in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size") if k not in config]
-    if not isinstance(config, dict) or missing:
-        raise UserError(f"{path} is not a GPT-2 config (it lacks {', '.join(missing)})")
-    # Settings under which HF's GPT-2 computes something other than this GPT: refuse rather than differ.
-    n_embd = config["n_embd"]
-    different = {
-        "model_type": (config.get("model_type", "gpt2"), ("gpt2",)),
-        "activation_function": (config.get("activation_function", "gelu_new"), ("gelu_new", "gelu_pytorch_tanh")),
-        "layer_norm_epsilon": (config.get("layer_norm_epsilon", 1e-5), (1e-5,)),
-        "n_inner": (config.get("n_inner"), (None, 4 * n_embd)),
-        "scale_attn_weights": (config.get("scale_attn_weights", True), (True,)),
-        "scale_attn_by_inverse_layer_idx": (config.get("scale_attn_by_inverse_layer_idx", False), (False,)),
-        "add_cross_attention": (config.get("add_cross_attention", False), (False,)),
-    }
-    bad = [f"{k}={v!r} (supported: {', '.join(map(repr, ok))})" for k, (v, ok) in different.items() if v not in ok]
-    if bad:
-        raise UserError(f"{path}: this GPT-2 variant is not supported: {'; '.join(bad)}")
+    if not isinstance(config, dict):
+        raise UserError(f"{path} is not a model config (a JSON object)")
+    if config.get("model_type", "gpt2") not in ("gpt2", "nanochat"):
+        raise UserError(
+            f"{path}: model_type {config['model_type']!r} is not supported; gptforge reads Hugging Face GPT-2 "
+            "(model_type 'gpt2') and NanoChat ('nanochat') folders"
+        )
     return config
+
+
+def _gpt2_args(config: dict[str, Any], path: str) -> dict[str, Any]:
+    """GPT's model_args for a GPT-2 config.json; settings under which HF's GPT-2 computes something else refused."""
+    missing = [k for k in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size") if k not in config]
+    if missing:
+        raise UserError(f"{path} is not a GPT-2 config (it lacks {', '.join(missing)})")
+    n_embd = config["n_embd"]
+    _refuse_differences(
+        path,
+        "GPT-2",
+        {
+            "activation_function": (config.get("activation_function", "gelu_new"), ("gelu_new", "gelu_pytorch_tanh")),
+            "layer_norm_epsilon": (config.get("layer_norm_epsilon", 1e-5), (1e-5,)),
+            "n_inner": (config.get("n_inner"), (None, 4 * n_embd)),
+            "scale_attn_weights": (config.get("scale_attn_weights", True), (True,)),
+            "scale_attn_by_inverse_layer_idx": (config.get("scale_attn_by_inverse_layer_idx", False), (False,)),
+            "add_cross_attention": (config.get("add_cross_attention", False), (False,)),
+        },
+    )
+    names = dict(n_layer="n_layer", n_head="n_head", n_embd="n_embd", block_size="n_positions", vocab_size="vocab_size")
+    return {ours: config[theirs] for ours, theirs in names.items()} | {"bias": True}
+
+
+def _nanochat_args(config: dict[str, Any], path: str) -> dict[str, Any]:
+    """GPT's model_args (the nanochat switches on) for a NanoChat config.json; what GPT cannot compute refused."""
+    need = ("num_hidden_layers", "num_attention_heads", "hidden_size", "max_position_embeddings", "vocab_size")
+    missing = [k for k in need if k not in config]
+    if missing:
+        raise UserError(f"{path} is not a NanoChat config (it lacks {', '.join(missing)})")
+    C, heads = config["hidden_size"], config["num_attention_heads"]
+    rope = config.get("rope_parameters") or {}
+    _refuse_differences(
+        path,
+        "NanoChat",
+        {
+            "hidden_act": (config.get("hidden_act", "relu2"), ("relu2",)),
+            "intermediate_size": (config.get("intermediate_size"), (4 * C,)),
+            "num_key_value_heads": (config.get("num_key_value_heads"), (None, heads)),
+            "head_dim": (config.get("head_dim"), (None, C // heads)),
+            "rms_norm_eps": (config.get("rms_norm_eps", 1e-6), (1e-6,)),
+            "attention_bias": (config.get("attention_bias", False), (False,)),
+            "tie_word_embeddings": (config.get("tie_word_embeddings", False), (False,)),
+            "rope_type": (rope.get("rope_type", "default"), ("default",)),
+        },
+    )
+    softcap = config.get("final_logit_softcapping")
+    return dict(
+        n_layer=config["num_hidden_layers"],
+        n_head=heads,
+        n_embd=C,
+        block_size=config["max_position_embeddings"],
+        bias=False,
+        vocab_size=config["vocab_size"],
+        rotary=True,
+        rope_base=float(rope.get("rope_theta", 10000.0)),
+        rmsnorm=True,
+        qk_norm=True,
+        relu2=True,
+        untie_head=True,
+        logit_softcap=float(softcap or 0.0),
+    )
+
+
+def _refuse_differences(path: str, kind: str, settings: dict[str, tuple[Any, tuple[Any, ...]]]) -> None:
+    """Refuse rather than compute something other than the Hugging Face model: settings maps a config.json key to
+    (its value, the values GPT matches)."""
+    bad = [f"{k}={v!r} (supported: {', '.join(map(repr, ok))})" for k, (v, ok) in settings.items() if v not in ok]
+    if bad:
+        raise UserError(f"{path}: this {kind} variant is not supported: {'; '.join(bad)}")
 
 
 def _read_weights(folder: str) -> dict[str, torch.Tensor]:
@@ -207,11 +265,43 @@ def _to_gpt_state(
             problems.append(f"{src_key} has shape {tuple(tensor.shape)}, config.json implies {tuple(like.shape)}")
             continue
         state[key] = tensor.to(torch.float32).contiguous()
-    problems += [f"unexpected {k}" for k in sorted(hf)]
+    _refuse_problems(problems + [f"unexpected {k}" for k in sorted(hf)], folder, "GPT-2")
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state
+
+
+def _from_nanochat(hf: dict[str, torch.Tensor], args: dict[str, Any], folder: str) -> dict[str, torch.Tensor]:
+    """NanoChatForCausalLM's tensors as GPT's state_dict (float32): q, k and v joined into c_attn; checked."""
+    hf = dict(hf)
+    names = {"transformer.wte.weight": "model.embed_tokens.weight", "lm_head.weight": "lm_head.weight"}
+    for i in range(args["n_layer"]):
+        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}.self_attn."
+        names[ours + "attn.c_proj.weight"] = theirs + "o_proj.weight"
+        names[ours + "mlp.c_fc.weight"] = f"model.layers.{i}.mlp.fc1.weight"
+        names[ours + "mlp.c_proj.weight"] = f"model.layers.{i}.mlp.fc2.weight"
+        qkv = [hf.pop(theirs + f"{x}_proj.weight", None) for x in "qkv"]
+        if all(t is not None for t in qkv):
+            hf[theirs + "qkv"] = torch.cat(qkv)
+        names[ours + "attn.c_attn.weight"] = theirs + "qkv"
+    with torch.device("meta"):
+        expected = GPT(GPTConfig(**args)).state_dict()
+    state, problems = {}, []
+    for key, like in expected.items():
+        tensor = hf.pop(names.get(key, key), None)
+        if tensor is None:
+            problems.append(f"missing {names.get(key, key).replace('.qkv', '.q/k/v_proj.weight')}")
+        elif tensor.shape != like.shape:
+            problems.append(f"{names[key]} has shape {tuple(tensor.shape)}, config.json implies {tuple(like.shape)}")
+        else:
+            state[key] = tensor.to(torch.float32).contiguous()
+    _refuse_problems(problems + [f"unexpected {k}" for k in sorted(hf)], folder, "NanoChat")
+    return state
+
+
+def _refuse_problems(problems: list[str], folder: str, kind: str) -> None:
+    """A UserError listing the first four problems found mapping a folder's tensors, if there are any."""
     if problems:
         more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
         raise UserError(
-            f"{folder} does not hold GPT-2 weights matching its config.json: {'; '.join(problems[:4])}{more}"
+            f"{folder} does not hold {kind} weights matching its config.json: {'; '.join(problems[:4])}{more}"
         )
-    state["lm_head.weight"] = state["transformer.wte.weight"]
-    return state

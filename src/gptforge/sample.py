@@ -39,7 +39,7 @@ class SampleArgs:
     device: str = "auto"
     dtype: str = "auto"
     use_cache: bool = True
-    window: str = "slide"  # past block_size: 'slide' (nanoGPT's context) or 'half' (faster); see GPT.generate_stream
+    window: str = "slide"  # past block_size: 'slide' (nanoGPT's), 'half' or 'stream' (rotary); GPT.generate_stream
 
 
 def read_start(start: str) -> str:
@@ -86,6 +86,13 @@ def sample(args: SampleArgs, out=None) -> list[str]:
         f"generating {args.num_samples} sample(s) of up to {args.max_new_tokens} tokens on {device} ({dtype}"
         f"{', KV cache' if args.use_cache else ''}, {args.window} window)"
     )
+    if args.window == "stream" and not (model.config.rotary and args.use_cache):
+        raise UserError(
+            "--window=stream slides the KV cache, which needs a rotary model (this one has learned positions, "
+            "which end at block_size) and the cache (no --no_cache): use --window=slide or half"
+            if not model.config.rotary
+            else "--window=stream is the KV cache's own window: drop --no_cache"
+        )
     texts = []
     for i in range(args.num_samples):
         generator = torch.Generator(device=device).manual_seed(args.seed + i)

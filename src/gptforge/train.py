@@ -106,9 +106,7 @@ def train_loop(run: Run, stop: StopFlag) -> dict[str, Any]:
     timer, bad_steps = StepTimer(), 0
     while True:
         step, last = run.iter_num, run.iter_num >= cfg.max_iters
-        lr = learning_rate(cfg, step)
-        for group in run.optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)  # optimizer='muon': its matrices at muon_lr's scale
+        lr = apply_lr(run, step)
         # --- once in a while -----------------------------------------------------------------------------------
         evaluated = improved = False
         if not stop.requested and (due(step, cfg.eval_interval, last) or cfg.eval_only):
@@ -187,6 +185,15 @@ def skip_step(run: Run, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, 
             f"good checkpoint is intact in {cfg.out_dir}: try a lower --learning_rate, --grad_clip, or "
             "dtype float32 / bfloat16 before continuing with --init_from=resume"
         )
+
+
+def apply_lr(run: Run, step: int) -> float:
+    """Set the schedule's learning rate for `step` on every group (optimizer='muon': its matrices at muon_lr's
+    scale); returns it."""
+    lr = learning_rate(run.cfg, step)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+    return lr
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:

@@ -92,14 +92,15 @@ def check_memory(cfg: TrainConfig, env: DistEnv, model_args: dict[str, Any]) -> 
 
 
 def pretrained_model(cfg: TrainConfig, meta: dict[str, Any]) -> tuple[GPT, dict[str, Any]]:
-    """GPT-2's weights (a hub name or a local Hugging Face folder) to fine-tune; block_size cropped if smaller."""
+    """GPT-2's weights (a hub name or a local Hugging Face folder), or a NanoChat folder's, to fine-tune;
+    block_size cropped if smaller."""
     from gptforge.pretrained import load_pretrained
 
     if meta["tokenizer"] != "gpt2":
         raise UserError(
-            f"--init_from={cfg.init_from} starts from GPT-2, which reads GPT-2 BPE tokens, but dataset {cfg.dataset!r} "
-            f"is {meta['tokenizer']}-level: prepare it with GPT-2 BPE (`gptforge prepare shakespeare`, or "
-            "`gptforge prepare text FILE --tokenizer gpt2`)"
+            f"--init_from={cfg.init_from} starts from Hugging Face weights, which read GPT-2 BPE tokens, but "
+            f"dataset {cfg.dataset!r} is {meta['tokenizer']}-level: prepare it with GPT-2 BPE (`gptforge prepare "
+            "shakespeare`, or `gptforge prepare text FILE --tokenizer gpt2`)"
         )
     model, args = load_pretrained(cfg.init_from, dropout=cfg.dropout, block_size=cfg.block_size)
     return model, {k: args[k] for k in MODEL_ARGS}
@@ -123,9 +124,6 @@ def resolve_config(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], model_a
             "--hellaswag_interval does not work with --parallel=fsdp yet; use parallel=ddp, or evaluate "
             "the checkpoint afterwards with `gptforge eval hellaswag`"
         )
-    if env.ddp and cfg.parallel == "fsdp" and cfg.optimizer == "muon":
-        # each rank holds a shard of every matrix, and Muon orthogonalises whole matrices
-        raise UserError("--optimizer=muon does not work with --parallel=fsdp yet; use parallel=ddp or optimizer=adamw")
     shape = {k: model_args[k] for k in MODEL_ARGS if k != "vocab_size"} if cfg.init_from != "scratch" else {}
     return dataclasses.replace(
         cfg,

@@ -1,0 +1,214 @@
+"""`gptforge bench CONFIG --target_loss=X [--compare=OTHER]`: how long a recipe's run from scratch takes to reach a
+val loss. The real training step (train.setup / train_step, with the config's schedule) runs until the loss on a
+fixed held-out set (`HeldOut`) first reaches X; the wall time counts the training steps only, not these
+evaluations. docs/RECIPES.md has the figures."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gptforge.config import TrainConfig
+from gptforge.console import log
+from gptforge.data.loader import DTYPES, dataset_dir, open_tokens, read_meta, split_files
+from gptforge.distributed import setup_distributed, teardown
+from gptforge.errors import UserError
+from gptforge.model import GPT
+from gptforge.train import apply_lr, setup, train_step
+
+EVAL_TOKENS = 131072  # the held-out set's size (or the whole val split, when smaller)
+SCREEN_EVERY = 8  # a cheap first look on every 8th window ...
+SCREEN_MARGIN = 0.1  # ... and the whole set only once that is within this of the target (~5 standard errors)
+PROGRESS_S = 10.0  # a progress line at least this often
+
+
+class HeldOut:
+    """Consecutive, non-overlapping block_size windows from the start of the val split: the same tokens at every
+    evaluation and for every config of one block_size; each position is scored once, as in a random window."""
+
+    def __init__(self, folder: str, meta: dict[str, Any], block_size: int, eval_tokens: int, device: str):
+        parts, have = [], 0
+        for path in split_files(folder, "val", meta):
+            parts.append(np.asarray(open_tokens(path, meta["dtype"])[: eval_tokens + 1 - have]))
+            have += len(parts[-1])
+            if have > eval_tokens:
+                break
+        tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=DTYPES[meta["dtype"]])
+        n = min(eval_tokens, len(tokens) - 1) // block_size
+        if n < 1:
+            raise UserError(
+                f"{folder}: the val split has {len(tokens)} tokens, fewer than one block_size ({block_size}) + 1: "
+                "prepare a dataset with more validation text"
+            )
+        data = torch.from_numpy(tokens[: n * block_size + 1].astype(np.int64))
+        self.x = data[:-1].view(n, block_size).to(device)
+        self.y = data[1:].view(n, block_size).to(device)
+
+    @property
+    def tokens(self) -> int:
+        return self.x.numel()
+
+    @torch.no_grad()
+    def loss(self, model: GPT, ctx: contextlib.AbstractContextManager, batch_size: int, screen: bool = False):
+        """(mean loss per token, its standard error from the per-window means) in eval mode; `screen`: every
+        SCREEN_EVERY-th window only."""
+        rows = torch.arange(0, len(self.x), SCREEN_EVERY if screen else 1)
+        was_training = model.training
+        model.eval()
+        per_window = []
+        try:
+            for i in range(0, len(rows), batch_size):
+                x, y = self.x[rows[i : i + batch_size]], self.y[rows[i : i + batch_size]]
+                with ctx:
+                    logits = model.logits(model.hidden_states(x))
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+                per_window.append(loss.view(len(x), -1).mean(1).cpu())
+        finally:
+            model.train(was_training)
+        losses = torch.cat(per_window).double()
+        se = losses.std().item() / math.sqrt(len(losses)) if len(losses) > 1 else math.inf
+        return losses.mean().item(), se
+
+
+def bench_cfg(cfg: TrainConfig, out_dir: str) -> TrainConfig:
+    """The config as a throw-away run: from scratch, into out_dir, with nothing on the side (its own evaluations,
+    checkpoints, samples, HellaSwag, wandb, dashboard) that would cost time the recipe's steps do not."""
+    return dataclasses.replace(
+        cfg,
+        out_dir=out_dir,
+        init_from="scratch",
+        eval_only=False,
+        always_save_checkpoint=False,
+        ckpt_interval=0,
+        sample_interval=0,
+        hellaswag_interval=0,
+        wandb_log=False,
+        tensorboard_log=False,
+        dashboard=False,
+    )
+
+
+def run_to_target(
+    cfg: TrainConfig, name: str, target: float, eval_every: int, eval_tokens: int, max_seconds: float
+) -> dict[str, Any]:
+    """Train `cfg` from scratch until the held-out loss is <= target, max_iters ends, or max_seconds of training."""
+    env = setup_distributed(cfg.device, cfg.backend)
+    try:
+        if env.ddp:
+            raise UserError("bench --target_loss runs one process; start it without torchrun")
+        with tempfile.TemporaryDirectory(prefix="gptforge-bench-") as tmp:
+            with contextlib.redirect_stdout(sys.stderr):  # the run's own lines are progress, not the result
+                run = setup(bench_cfg(cfg, os.path.join(tmp, "run")), env)
+            with run.cleanup:
+                return _train_to_target(run, name, target, eval_every, eval_tokens, max_seconds)
+    finally:
+        teardown(env)
+        gc.collect()
+
+
+def _train_to_target(run, name: str, target: float, every: int, eval_tokens: int, max_seconds: float):
+    cfg = run.cfg
+    held_out = HeldOut(
+        dataset_dir(cfg.data_dir, cfg.dataset), read_meta(dataset_dir(cfg.data_dir, cfg.dataset)),
+        cfg.block_size, eval_tokens, cfg.device,
+    )  # fmt: skip
+    eval_batch = max(1, cfg.batch_size * run.accum)
+    train_s, curve, best, result = 0.0, [], (math.inf, 0), None
+    last_line = time.perf_counter()
+    step = 0
+    while True:
+        ending = step >= cfg.max_iters or train_s >= max_seconds
+        if step % every == 0 or ending:
+            loss, se = held_out.loss(run.raw_model, run.ctx, eval_batch, screen=True)[0], None
+            if loss <= target + SCREEN_MARGIN or ending:
+                loss, se = held_out.loss(run.raw_model, run.ctx, eval_batch)
+                best = min(best, (loss, step))
+            # se None: the screen (every SCREEN_EVERY-th window) only
+            curve.append({"step": step, "seconds": train_s, "val_loss": loss, "se": se})
+            if se is not None and loss <= target:
+                result = "reached"
+            elif step >= cfg.max_iters:
+                result = "max_iters"
+            elif train_s >= max_seconds:
+                result = "max_seconds"
+            now = time.perf_counter()
+            if result or se is not None or step == 0 or now - last_line >= PROGRESS_S:
+                what = f"val {loss:.4f}" + (f" +- {se:.4f}" if se is not None else " (screen)")
+                log(f"  {name}: step {step}/{cfg.max_iters}, {train_s:.1f}s of training, {what}, target {target}")
+                last_line = now
+            if result:
+                break
+        t0 = time.perf_counter()
+        apply_lr(run, step)
+        _, _, finite = train_step(run)
+        train_s += time.perf_counter() - t0
+        step += 1
+        if not finite:
+            log(f"  {name}: step {step - 1} skipped (loss or gradient not finite)")
+    return {
+        "name": name,
+        "reached": result == "reached",
+        "stopped": result,
+        "seconds": train_s,
+        "steps": step,
+        "tokens": step * run.tokens_per_iter,
+        "val_loss": curve[-1]["val_loss"],  # always a full evaluation: the last check is one
+        "se": curve[-1]["se"],
+        "best_val_loss": best[0],
+        "best_step": best[1],
+        "eval_tokens": held_out.tokens,
+        "eval_every": every,
+        "curve": curve,
+        "settings": {k: getattr(cfg, k) for k in ("dtype", "compile", "device", "optimizer")},
+    }
+
+
+def run_time_to_loss(
+    cfgs: list[tuple[str, TrainConfig]],
+    target: float,
+    eval_every: int | None,
+    eval_tokens: int,
+    max_seconds: float,
+    as_json: bool,
+) -> dict[str, Any]:
+    """The command: each (name, config) in turn to the same target; the first against the others as ratios."""
+    if not math.isfinite(target) or target <= 0:
+        raise UserError(f"--target_loss must be a positive number, got {target}")
+    if eval_tokens <= 0 or (eval_every is not None and eval_every <= 0) or max_seconds <= 0:
+        raise UserError("--eval_every, --eval_tokens and --max_seconds must be positive")
+    runs = []
+    for name, cfg in cfgs:
+        every = eval_every or max(1, cfg.max_iters // 100)
+        log(f"{name}: training from scratch until the val loss on the held-out set is {target} or less")
+        runs.append(run_to_target(cfg, name, target, every, eval_tokens, max_seconds))
+    out: dict[str, Any] = {"target_loss": target, "runs": runs}
+    first = runs[0]
+    for other in runs[1:]:
+        ratio = other["seconds"] / first["seconds"] if first["seconds"] > 0 else math.inf
+        out.setdefault("ratios", {})[other["name"]] = ratio
+    if as_json:
+        print(json.dumps(out))
+        return out
+    for r in runs:
+        where = "reached" if r["reached"] else f"NOT reached ({r['stopped']}; best {r['best_val_loss']:.4f})"
+        print(
+            f"{r['name']}: {where} val {r['val_loss']:.4f} +- {r['se']:.4f} in {r['seconds']:.1f}s of training, "
+            f"{r['steps']} steps, {r['tokens']:,} tokens ({r['settings']['dtype']}, compile={r['settings']['compile']}"
+            f", eval every {r['eval_every']} steps on {r['eval_tokens']:,} held-out tokens)"
+        )
+    for other in runs[1:]:
+        bound = "" if first["reached"] and other["reached"] else " (a bound: one run did not reach the target)"
+        print(f"{other['name']} / {first['name']}: {out['ratios'][other['name']]:.2f}x the wall time{bound}")
+    return out

@@ -1,0 +1,66 @@
+"""The modern recipe's switches and Muon with the rest of gptforge: kill -9 and resume bit-identically, gradient
+accumulation and bf16 autocast, `eval loss`, `eval hellaswag`, `bench`, and torch.compile (equal to eager).
+DDP and FSDP with them: tests/test_distributed.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import run_cli, tiny_train_args
+from fault_campaign import run_campaign
+from test_faults import check_campaign
+from test_modern import ALL_ON, tiny
+
+MODERN = {**ALL_ON, "optimizer": "muon", "muon_warmup": 5}
+
+
+def test_kill_9_campaign_with_every_switch_and_muon(char_data, tmp_path):
+    """SIGKILLs at start-up, mid-step and in checkpoint writes: the final weights, Muon's momenta and the losses
+    equal an uninterrupted run's exactly."""
+    figures = run_campaign(char_data, tmp_path / "campaign", kills=4, seed=2, max_iters=24, **MODERN)
+    check_campaign(figures, 4)
+
+
+def test_accumulation_bf16_eval_loss_and_bench_with_every_switch(char_data, tmp_path):
+    out = tmp_path / "run"
+    args = tiny_train_args(
+        char_data, out, **MODERN, gradient_accumulation_steps=2, dtype="bfloat16", max_iters=4, eval_interval=2
+    )
+    r = run_cli("train", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "dtype bfloat16" in r.stdout and "2 accumulation" in r.stdout
+    r = run_cli("eval", "loss", f"--out_dir={out}", "--eval_iters=2", "--split=both", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert sorted(line.split()[0] for line in lines) == ["train", "val"] and all(" loss " in x for x in lines)
+    bench = [a for a in args if not a.startswith(("--out_dir", "--max_iters", "--eval"))]
+    r = run_cli("bench", *bench, "--iters=1", "--rounds=1", "--warmup=1", "--dtype=float32", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(" default:") and "ms/iter" in r.stdout
+
+
+def test_hellaswag_scores_a_model_with_every_switch(bpe_data, hellaswag_path, tmp_path):
+    out = tmp_path / "bpe-run"
+    args = tiny_train_args(bpe_data, out, dataset="bpe", **MODERN, max_iters=2, eval_interval=2)
+    r = run_cli("train", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run_cli(
+        "eval", "hellaswag", f"--out_dir={out}", "--limit=4", f"--hellaswag_path={hellaswag_path}", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("hellaswag: 4 examples, acc ")
+
+
+@pytest.mark.slow
+def test_compile_equals_eager_with_every_switch():
+    model = tiny(**{**ALL_ON, "zero_init": False})
+    compiled = torch.compile(tiny(**{**ALL_ON, "zero_init": False}))
+    idx = torch.randint(0, 37, (2, 32), generator=torch.Generator().manual_seed(8))
+    eager_loss = model(idx, idx)[1]
+    compiled_loss = compiled(idx, idx)[1]
+    eager_loss.backward()
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=0, atol=1e-5)
+    for (name, a), b in zip(model.named_parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-5, msg=name)
