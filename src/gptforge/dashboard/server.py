@@ -10,6 +10,7 @@ import importlib.util
 import ipaddress
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -291,6 +292,8 @@ def serve(folders: Sequence[str], host: str = "127.0.0.1", port: int = 0) -> Non
             file=sys.stderr,
             flush=True,
         )
+    # SIGINT stops it even when started with SIGINT ignored (a background job of a non-interactive shell, nohup)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
