@@ -15,7 +15,7 @@ from gptforge.checkpoint import checkpoint_path, load_checkpoint_model
 from gptforge.console import log
 from gptforge.errors import UserError
 from gptforge.model import GPT, SWITCHES
-from gptforge.pretrained import CONV1D
+from gptforge.pretrained import CONV1D, NANOCHAT, nanochat_names
 from gptforge.tokenizer import GPT2_EOT, GPT2_VOCAB
 
 EOT_TEXT = "<|endoftext|>"
@@ -107,11 +107,6 @@ def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, fo
     return notes
 
 
-# what Hugging Face's NanoChatForCausalLM computes; zero_init only changes the start, rope_base and
-# logit_softcap are in its config
-NANOCHAT = {"rotary": True, "rmsnorm": True, "qk_norm": True, "relu2": True, "untie_head": True, "bias": False}
-
-
 def export_format(cfg: Any) -> str:
     """'gpt2' for GPT-2's model (every switch that changes the function off), 'nanochat' for nanochat's; any
     other mix is an error naming what each format lacks."""
@@ -133,23 +128,13 @@ def _write_nanochat_model(model: GPT, folder: str, vocab_size: int) -> None:
 
     C = model.config.n_embd
     state = {k.removeprefix("_orig_mod."): v.detach() for k, v in model.state_dict().items()}
-    tensors = {
-        "model.embed_tokens.weight": state["transformer.wte.weight"][:vocab_size],
-        "lm_head.weight": state["lm_head.weight"][:vocab_size],
-    }
-    for i in range(model.config.n_layer):
-        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
-        q, k, v = state[ours + "attn.c_attn.weight"].split(C, dim=0)
-        tensors.update(
-            {
-                theirs + "self_attn.q_proj.weight": q,
-                theirs + "self_attn.k_proj.weight": k,
-                theirs + "self_attn.v_proj.weight": v,
-                theirs + "self_attn.o_proj.weight": state[ours + "attn.c_proj.weight"],
-                theirs + "mlp.fc1.weight": state[ours + "mlp.c_fc.weight"],
-                theirs + "mlp.fc2.weight": state[ours + "mlp.c_proj.weight"],
-            }
-        )
+    tensors = {}
+    for ours, theirs in nanochat_names(model.config.n_layer).items():
+        if "{}" in theirs:  # c_attn: q, k and v
+            tensors.update({theirs.format(x): t for x, t in zip("qkv", state[ours].split(C, dim=0), strict=True)})
+        else:  # the embedding and the head lose any padding rows
+            rows = vocab_size if ours in ("transformer.wte.weight", "lm_head.weight") else None
+            tensors[theirs] = state[ours][:rows]
     tensors = {k: v.to(device="cpu", dtype=torch.float32).contiguous().clone() for k, v in tensors.items()}
     save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 

@@ -22,7 +22,7 @@ class KVCache:
 
     def __init__(self, n_layer: int, max_len: int, ring: bool = False):
         self.n_layer, self.max_len, self.ring = n_layer, max_len, ring
-        self.position = self.length = 0
+        self.position = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
 
@@ -45,7 +45,11 @@ class KVCache:
     def advance(self, T: int) -> None:
         """After every layer has stored T new tokens."""
         self.position += T
-        self.length = min(self.position, self.max_len)
+
+    @property
+    def length(self) -> int:
+        """Tokens held: every one seen, up to max_len."""
+        return min(self.position, self.max_len)
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:

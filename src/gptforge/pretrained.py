@@ -19,6 +19,9 @@ from gptforge.config import GPT2_NAMES
 from gptforge.errors import UserError
 from gptforge.model import GPT, MODEL_ARGS, GPTConfig
 
+# what Hugging Face's NanoChatForCausalLM computes; zero_init only changes the start, rope_base and
+# logit_softcap are in its config (export.export_format and _nanochat_args both read it)
+NANOCHAT = {"rotary": True, "rmsnorm": True, "qk_norm": True, "relu2": True, "untie_head": True, "bias": False}
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored (in, out)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 LOCAL_OPTION = (
@@ -194,16 +197,24 @@ def _nanochat_args(config: dict[str, Any], path: str) -> dict[str, Any]:
         n_head=heads,
         n_embd=C,
         block_size=config["max_position_embeddings"],
-        bias=False,
         vocab_size=config["vocab_size"],
-        rotary=True,
         rope_base=float(rope.get("rope_theta", 10000.0)),
-        rmsnorm=True,
-        qk_norm=True,
-        relu2=True,
-        untie_head=True,
         logit_softcap=float(softcap or 0.0),
+        **NANOCHAT,
     )
+
+
+def nanochat_names(n_layer: int) -> dict[str, str]:
+    """GPT's tensor names -> NanoChatForCausalLM's. c_attn's maps to a pattern: its q, k and v thirds are
+    NanoChat's `{q,k,v}_proj` (`pattern.format("q")`...). Used both ways: _from_nanochat and export."""
+    names = {"transformer.wte.weight": "model.embed_tokens.weight", "lm_head.weight": "lm_head.weight"}
+    for i in range(n_layer):
+        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+        names[ours + "attn.c_attn.weight"] = theirs + "self_attn.{}_proj.weight"
+        names[ours + "attn.c_proj.weight"] = theirs + "self_attn.o_proj.weight"
+        names[ours + "mlp.c_fc.weight"] = theirs + "mlp.fc1.weight"
+        names[ours + "mlp.c_proj.weight"] = theirs + "mlp.fc2.weight"
+    return names
 
 
 def _refuse_differences(path: str, kind: str, settings: dict[str, tuple[Any, tuple[Any, ...]]]) -> None:
@@ -273,25 +284,22 @@ def _to_gpt_state(
 def _from_nanochat(hf: dict[str, torch.Tensor], args: dict[str, Any], folder: str) -> dict[str, torch.Tensor]:
     """NanoChatForCausalLM's tensors as GPT's state_dict (float32): q, k and v joined into c_attn; checked."""
     hf = dict(hf)
-    names = {"transformer.wte.weight": "model.embed_tokens.weight", "lm_head.weight": "lm_head.weight"}
-    for i in range(args["n_layer"]):
-        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}.self_attn."
-        names[ours + "attn.c_proj.weight"] = theirs + "o_proj.weight"
-        names[ours + "mlp.c_fc.weight"] = f"model.layers.{i}.mlp.fc1.weight"
-        names[ours + "mlp.c_proj.weight"] = f"model.layers.{i}.mlp.fc2.weight"
-        qkv = [hf.pop(theirs + f"{x}_proj.weight", None) for x in "qkv"]
-        if all(t is not None for t in qkv):
-            hf[theirs + "qkv"] = torch.cat(qkv)
-        names[ours + "attn.c_attn.weight"] = theirs + "qkv"
     with torch.device("meta"):
         expected = GPT(GPTConfig(**args)).state_dict()
     state, problems = {}, []
-    for key, like in expected.items():
-        tensor = hf.pop(names.get(key, key), None)
+    for key, theirs in nanochat_names(args["n_layer"]).items():
+        if "{}" in theirs:  # c_attn: q, k and v
+            parts = [hf.pop(theirs.format(x), None) for x in "qkv"]
+            tensor = torch.cat(parts) if all(t is not None for t in parts) else None
+            theirs = theirs.format("q/k/v")
+        else:
+            tensor = hf.pop(theirs, None)
         if tensor is None:
-            problems.append(f"missing {names.get(key, key).replace('.qkv', '.q/k/v_proj.weight')}")
-        elif tensor.shape != like.shape:
-            problems.append(f"{names[key]} has shape {tuple(tensor.shape)}, config.json implies {tuple(like.shape)}")
+            problems.append(f"missing {theirs}")
+        elif tensor.shape != expected[key].shape:
+            problems.append(
+                f"{theirs} has shape {tuple(tensor.shape)}, config.json implies {tuple(expected[key].shape)}"
+            )
         else:
             state[key] = tensor.to(torch.float32).contiguous()
     _refuse_problems(problems + [f"unexpected {k}" for k in sorted(hf)], folder, "NanoChat")

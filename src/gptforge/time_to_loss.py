@@ -28,7 +28,6 @@ from gptforge.errors import UserError
 from gptforge.model import GPT
 from gptforge.train import apply_lr, setup, train_step
 
-EVAL_TOKENS = 131072  # the held-out set's size (or the whole val split, when smaller)
 SCREEN_EVERY = 8  # a cheap first look on every 8th window ...
 SCREEN_MARGIN = 0.1  # ... and the whole set only once that is within this of the target (~5 standard errors)
 PROGRESS_S = 10.0  # a progress line at least this often
@@ -120,10 +119,8 @@ def run_to_target(
 
 def _train_to_target(run, name: str, target: float, every: int, eval_tokens: int, max_seconds: float):
     cfg = run.cfg
-    held_out = HeldOut(
-        dataset_dir(cfg.data_dir, cfg.dataset), read_meta(dataset_dir(cfg.data_dir, cfg.dataset)),
-        cfg.block_size, eval_tokens, cfg.device,
-    )  # fmt: skip
+    folder = dataset_dir(cfg.data_dir, cfg.dataset)
+    held_out = HeldOut(folder, read_meta(folder), cfg.block_size, eval_tokens, cfg.device)
     eval_batch = max(1, cfg.batch_size * run.accum)
     train_s, curve, best, result = 0.0, [], (math.inf, 0), None
     last_line = time.perf_counter()
