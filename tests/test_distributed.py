@@ -154,3 +154,53 @@ def test_muon_under_two_processes_equals_one_process(char_data, tmp_path, parall
     whole, _ = losses(one_process(char_data, tmp_path / "whole", longer))
     resumed, _ = losses(tmp_path / "two")
     assert max(abs(a - b) for a, b in zip(whole, resumed, strict=True)) < 1e-5, (whole, resumed)
+
+
+@pytest.mark.slow
+def test_hellaswag_during_fsdp_training_equals_one_process_scoring_the_checkpoint(
+    bpe_data, tmp_path, hellaswag_path, tiktoken_cache
+):
+    """Under FSDP every forward needs every rank: the rank with the smaller share (9 examples: 5 and 4) runs
+    an uncounted forward so the counts match. The result logged at the last step equals `gptforge eval
+    hellaswag` of the final checkpoint in one plain process."""
+    from test_hellaswag_cli import parse_result
+
+    out = tmp_path / "fsdp"
+    run = {**DDP_RUN, "dataset": "bpe", "gradient_accumulation_steps": 2, "max_iters": 4, "parallel": "fsdp"}
+    run["data_loader"] = "random"  # the val split, 79 tokens, holds too few windows to shard over 2 ranks
+    r = torchrun(*tiny_train_args(bpe_data, out, hellaswag_interval=2, hellaswag_limit=9,
+                                  hellaswag_path=hellaswag_path, **run))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    hs = [row for row in rows if row["kind"] == "hellaswag"]
+    assert [row["step"] for row in hs] == [0, 2, 4] and all(row["n"] == 9 for row in hs)
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tiktoken_cache)}
+    single = subprocess.run(
+        [sys.executable, "-m", "gptforge", "eval", "hellaswag", f"--ckpt={out / 'ckpt.pt'}", "--limit=9",
+         f"--hellaswag_path={hellaswag_path}", "--device=cpu"],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert single.returncode == 0, single.stderr
+    n, correct, correct_norm = parse_result(single.stdout)
+    assert (hs[-1]["n"], hs[-1]["acc"], hs[-1]["acc_norm"]) == (n, correct / n, correct_norm / n)
+
+
+@pytest.mark.slow
+def test_a_ddp_checkpoint_resumes_under_fsdp_and_back(char_data, tmp_path):
+    """DDP to step 4, FSDP from there to 6 (the optimizer state converted to FSDP's layout by parameter name),
+    DDP again to 8 (from FSDP's layout): losses and weights equal one uninterrupted process's within 1e-5.
+    Muon and every model switch on, so both optimizers' states make the trip."""
+    common = {**DDP_RUN, **ALL_ON, "optimizer": "muon", "muon_warmup": 3}
+    whole, _ = losses(one_process(char_data, tmp_path / "whole", common))
+    out = tmp_path / "switching"
+    for max_iters, parallel in ((4, "ddp"), (6, "fsdp"), (8, "ddp")):
+        resume = "resume" if max_iters > 4 else "scratch"
+        r = torchrun(*tiny_train_args(char_data, out, **{**common, "max_iters": max_iters, "parallel": parallel,
+                                                         "init_from": resume}))  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert load_checkpoint(str(out / "ckpt.pt"))["optimizer_format"] == ("fqn" if parallel == "fsdp" else "torch")
+    switching, _ = losses(out)
+    assert len(whole) == len(switching) == 8
+    assert max(abs(a - b) for a, b in zip(whole, switching, strict=True)) < 1e-5, (whole, switching)
+    a, b = load_checkpoint(str(tmp_path / "whole" / "ckpt.pt")), load_checkpoint(str(out / "ckpt.pt"))
+    assert max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"]) < 1e-5

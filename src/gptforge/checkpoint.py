@@ -19,14 +19,13 @@ from gptforge.console import log
 from gptforge.data.loader import ShardedBatches, read_meta
 from gptforge.distributed import DistEnv
 from gptforge.errors import UserError
-from gptforge.files import BEST_CKPT, CKPT, atomic_write, step_checkpoint_name  # noqa: F401  (re-exported)
+from gptforge.files import BEST_CKPT, CKPT, STEP_FILE, atomic_write, step_checkpoint_name  # noqa: F401  (re-exported)
 from gptforge.model import GPT, MODEL_ARGS, SWITCHES, GPTConfig
 from gptforge.tokenizer import Tokenizer, from_spec
 
 FORMAT_VERSION = 1
 _PREFIXES = ("_orig_mod.", "module.")  # added by torch.compile and by DDP wrappers
 _TMP = re.compile(r"\..+\.(\d+)\.tmp")  # files.atomic_write's temporary files: .<name>.<pid>.tmp
-_STEP = re.compile(r"model_(\d{5,})\.pt")
 
 
 def save_checkpoint(path: str, state: dict[str, Any], copies: Sequence[str] = ()) -> None:
@@ -82,7 +81,7 @@ def step_checkpoints(folder: str) -> list[tuple[int, str]]:
     """(step, path) of the step checkpoints model_NNNNN.pt in `folder`, oldest first."""
     found = []
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        match = _STEP.fullmatch(name)
+        match = STEP_FILE.fullmatch(name)
         if match:
             found.append((int(match.group(1)), os.path.join(folder, name)))
     return sorted(found)
@@ -98,18 +97,28 @@ def rotate_step_checkpoints(folder: str, keep_last: int) -> list[str]:
     return old
 
 
-def load_resumable(out_dir: str, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], str, list[str]]:
+def load_resumable(
+    out_dir: str, map_location: str | torch.device = "cpu", newest: bool = False
+) -> tuple[dict[str, Any], str, list[str]]:
     """The checkpoint to resume from: ckpt.pt, or when it is missing or unreadable the newest readable of the
-    step checkpoints and ckpt_best.pt (by the step stored in them). Returns (checkpoint, path, problems), where
-    problems describe the files passed over; a clear error when none can be read."""
+    step checkpoints and ckpt_best.pt (by the step stored in them). With `newest` (--resume=auto) a step
+    checkpoint newer than a readable ckpt.pt wins over it. Returns (checkpoint, path, problems), where problems
+    describe the files passed over; a clear error when none can be read."""
     main = os.path.join(out_dir, CKPT)
-    problems = []
-    try:
-        return load_checkpoint(main, map_location), main, problems
-    except UserError as e:
-        problems.append(str(e))
+    problems: list[str] = []
     readable = []
-    for group in ([path for _, path in reversed(step_checkpoints(out_dir))], [os.path.join(out_dir, BEST_CKPT)]):
+    if not (newest and not os.path.isfile(main)):  # --resume=auto does not call a missing ckpt.pt a problem
+        try:
+            ckpt = load_checkpoint(main, map_location)
+            if not newest:
+                return ckpt, main, problems
+            readable.append((int(ckpt.get("iter_num", 0)), main, ckpt))
+        except UserError as e:
+            problems.append(str(e))
+    after = readable[0][0] if readable else -1  # a step file is named for its last step: model_N.pt holds N or N+1
+    groups = [[path for step, path in reversed(step_checkpoints(out_dir)) if step + 1 > after]]
+    groups += [[os.path.join(out_dir, BEST_CKPT)]] if not readable else []  # the best is never newer than ckpt.pt
+    for group in groups:
         for path in filter(os.path.isfile, group):  # newest first: the first readable one of a group wins
             try:
                 ckpt = load_checkpoint(path, map_location)
@@ -119,10 +128,14 @@ def load_resumable(out_dir: str, map_location: str | torch.device = "cpu") -> tu
             readable.append((int(ckpt.get("iter_num", 0)), path, ckpt))
             break
     if not readable:
-        raise UserError(
-            " / ".join(problems) + f"; no other readable checkpoint in {out_dir}: start again with --init_from=scratch"
+        advice = (
+            "move these files away (or choose another --out_dir) to start a new run"
+            if newest  # --resume=auto would find them again
+            else "start again with --init_from=scratch"
         )
-    _, path, ckpt = max(readable, key=lambda r: r[0])
+        found = " / ".join(problems) + "; no other readable checkpoint" if problems else "no checkpoint"
+        raise UserError(f"{found} in {out_dir}: {advice}")
+    _, path, ckpt = max(readable, key=lambda r: r[0])  # ckpt.pt, first, wins a tie
     return ckpt, path, problems
 
 
@@ -217,35 +230,79 @@ def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: 
 
 
 def load_optimizer_state(model, optimizer, ckpt: dict[str, Any], fsdp: bool, path: str) -> None:
-    """Resume the optimizer from a checkpoint written by one process / DDP ('torch') or by FSDP ('fqn')."""
+    """Resume the optimizer from a checkpoint written by one process / DDP ('torch': states keyed by position) or
+    by FSDP ('fqn': keyed by parameter name), in either kind of run: a 'torch' state goes to FSDP through its
+    names (`named_optimizer_state`), an 'fqn' one to a plain model through torch's state-dict helpers."""
     fqn = ckpt.get("optimizer_format") == "fqn"
     if not fqn and not fsdp:
         optimizer.load_state_dict(ckpt["optimizer"])
         return
-    if not fqn:
-        raise UserError(
-            f"{path} was written without FSDP: resume it with --parallel=ddp (its model weights load "
-            "anywhere; only the optimizer state is laid out for DDP)"
-        )
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True))
+    state = ckpt["optimizer"] if fqn else named_optimizer_state(model, optimizer, ckpt["optimizer"], path)
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
-def restore_run_state(ckpt: dict[str, Any], env: DistEnv, batches) -> None:
-    """This rank's RNGs and data position from a checkpoint, when it was written with the same world size.
+def named_optimizer_state(model, optimizer, state: dict[str, Any], path: str) -> dict[str, Any]:
+    """A torch optimizer state dict (parameters numbered in param_groups order) keyed by parameter names instead,
+    the layout FSDP's state-dict helpers read. The numbering is this optimizer's, whose groups are built the
+    same way from the same model (optim.configure_optimizer), so position i names the same parameter."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    ours = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+    theirs = [group["params"] for group in state["param_groups"]]
+    if [len(g) for g in ours] != [len(g) for g in theirs]:
+        raise UserError(
+            f"{path}: its optimizer state has parameter groups of {[len(g) for g in theirs]} tensors, this run's "
+            f"optimizer {[len(g) for g in ours]}: resume with the optimizer settings it was written with"
+        )
+    by_index = {i: name for g_o, g_t in zip(ours, theirs, strict=True) for i, name in zip(g_t, g_o, strict=True)}
+    return {
+        "state": {by_index[i]: s for i, s in state["state"].items()},
+        "param_groups": [{**g, "params": n} for g, n in zip(state["param_groups"], ours, strict=True)],
+    }
 
-    A sharded loader's position is global, so it carries over to another world size; RNG states and the
-    random loader's (which is the global generator's state) only fit the rank that saved them.
+
+def restore_run_state(ckpt: dict[str, Any], env: DistEnv, batches, seed: int) -> str:
+    """This rank's RNGs and data position from a checkpoint; returns a line saying what was done.
+
+    Written with the same world size: each rank gets its own saved streams back (bit-identical resume). On
+    another world size the saved streams do not map onto the ranks, so every rank's are re-derived from the
+    run's seed, the step and the rank (`derived_seed`), the same on every such resume. A sharded loader's
+    position is global, so it carries over to any world size; the random loader's is the global generator's
+    state, so it follows the RNGs.
     """
-    same_world = len(ckpt.get("rng_per_rank") or [ckpt.get("rng")]) == env.world_size
-    if same_world and ckpt.get("rng") is not None:
-        restore_rng((ckpt.get("rng_per_rank") or [ckpt["rng"]])[env.rank])
+    saved = ckpt.get("rng_per_rank") or [ckpt.get("rng")]
+    same_world = len(saved) == env.world_size
+    iter_num = int(ckpt.get("iter_num", 0))
+    told = ""
+    if same_world:
+        if saved[env.rank] is not None:  # nanoGPT's checkpoints hold none: the run's seed stands, as in nanoGPT
+            restore_rng(saved[env.rank])
+    else:
+        seed_rngs(derived_seed(seed, iter_num, env.rank))
+        told = (
+            f"checkpoint written by {len(saved)} process(es), resumed on {env.world_size}: each rank's random streams "
+            f"(dropout, the random loader's batches) re-derived from (seed {seed}, iter {iter_num}, rank)"
+        )
     data = ckpt.get("data_state") or {}
-    state = (data.get("train_per_rank") or [data.get("train")])[env.rank] if same_world else data.get("train")
+    per_rank = data.get("train_per_rank") or []
+    state = per_rank[env.rank] if same_world and env.rank < len(per_rank) else data.get("train")
     if state and state.get("kind") == ("sharded" if isinstance(batches, ShardedBatches) else "random"):
         if same_world or state["kind"] == "sharded":
             batches.load_state_dict(state)  # after the RNGs: the random loader's state is torch's generator
+    return told
+
+
+def derived_seed(seed: int, iter_num: int, rank: int) -> int:
+    """The seed of a rank's random streams when a run resumes at `iter_num` on another number of processes."""
+    return (seed * 1_000_003 + iter_num * 65_537 + rank * 257 + 1) % 2**63
+
+
+def seed_rngs(seed: int) -> None:
+    """Seed every generator capture_rng saves: Python's, NumPy's, torch's (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def checkpoint_path(out_dir: str, ckpt: str | None = None) -> str:

@@ -44,6 +44,11 @@ class TrainConfig:
         "'scratch' (new model), 'resume' (out_dir/ckpt.pt), a GPT-2 name ('gpt2', "
         "'gpt2-medium', 'gpt2-large', 'gpt2-xl') or a Hugging Face GPT-2 or NanoChat folder",
     )
+    resume: str = _f(
+        "never",
+        "'auto': continue from the newest readable checkpoint in out_dir when there is one, else start as "
+        "init_from says (the same command starts and restarts a run: SLURM requeue, torchrun --max-restarts)",
+    )
     # --- wandb ---------------------------------------------------------------------------------------------
     wandb_log: bool = _f(False, "log metrics to Weights & Biases (pip install 'gptforge[wandb]')")
     wandb_project: str = _f("owt", "wandb project name")
@@ -163,6 +168,7 @@ CHOICES = {  # the one list of each key's accepted values (device, optim and the
     "parallel": ("ddp", "fsdp"),
     "lr_schedule": ("cosine", "linear", "constant", "wsd"),
     "optimizer": ("adamw", "muon"),
+    "resume": ("never", "auto"),
 }
 
 

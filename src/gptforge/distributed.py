@@ -44,7 +44,16 @@ def setup_distributed(device: str, backend: str) -> DistEnv:
         torch.cuda.set_device(device)
     if backend == "auto" or (backend == "nccl" and not device.startswith("cuda")):
         backend = "nccl" if device.startswith("cuda") else "gloo"  # NCCL needs GPUs; gloo runs anywhere
-    dist.init_process_group(backend=backend)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if restart:
+        # torchrun --max-restarts keeps one store across a group's restarts, and the process group's keys from
+        # the attempt before (the dead ranks' addresses) would be read again: gloo then waits on them for ever
+        # (torch 2.13). Each attempt's own prefix keeps them apart.
+        store, _, _ = next(dist.rendezvous("env://"))
+        store = dist.PrefixStore(f"gptforge/restart-{restart}", store)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
+    else:
+        dist.init_process_group(backend=backend)
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, ddp=True)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import urllib.request
 from collections.abc import Iterator
 from typing import IO, Any
@@ -20,6 +21,7 @@ METRICS = "metrics.jsonl"
 LOG = "log.txt"  # build-nanogpt's format
 SAMPLES = "samples.jsonl"
 TENSORBOARD = "tensorboard"  # a folder of event files
+STEP_FILE = re.compile(r"model_(\d{5,})\.pt")  # step_checkpoint_name's files; the group is the step
 
 
 def step_checkpoint_name(step: int) -> str:

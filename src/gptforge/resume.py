@@ -13,22 +13,24 @@ from typing import Any
 
 from gptforge.config import FIELDS, MODEL_SWITCHES, TrainConfig, coerce, load_config
 from gptforge.errors import UserError
-from gptforge.files import CONFIG
+from gptforge.files import BEST_CKPT, CKPT, CONFIG, STEP_FILE
 
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", *MODEL_SWITCHES)  # a checkpoint's weights fix these
-NOT_CHANGES = ("init_from",)  # a resumed run's init_from is 'resume', whatever started it
+NOT_CHANGES = ("init_from", "resume")  # a resumed run's init_from is 'resume', whatever started it
 
 
 def load_run_config(args: Sequence[str]) -> TrainConfig:
-    """load_config, except that with --init_from=resume the run's saved settings stand in for the defaults: a bare
-    `--out_dir=X --init_from=resume` continues the run as it was started, and nanoGPT's habit (the same full
-    command again) changes nothing. A run folder without config.json (nanoGPT's) takes the command line alone."""
+    """load_config, except that when the run continues (--init_from=resume, or --resume=auto with a checkpoint in
+    out_dir) the run's saved settings stand in for the defaults: a bare `--out_dir=X --init_from=resume` continues
+    the run as it was started, and nanoGPT's habit (the same full command again) changes nothing. A run folder
+    without config.json (nanoGPT's) takes the command line alone. --resume=auto with no checkpoint gives a new run
+    as init_from says."""
     cfg = load_config(args)
-    if cfg.init_from != "resume":
+    if cfg.init_from != "resume" and not (cfg.resume == "auto" and has_checkpoint(cfg.out_dir)):
         return cfg
     saved = saved_config(cfg.out_dir)
     if saved is None:
-        return cfg
+        return dataclasses.replace(cfg, init_from="resume")
     resumed = load_config(args, base=saved)
     for key in SHAPE_KEYS:
         if getattr(resumed, key) != getattr(saved, key):
@@ -37,7 +39,15 @@ def load_run_config(args: Sequence[str]) -> TrainConfig:
                 f"resumed model keeps its shape. Leave --{key} out to continue it, or start a new run in another "
                 "--out_dir (or fine-tune from its checkpoint there)"
             )
-    return resumed
+    return dataclasses.replace(resumed, init_from="resume")
+
+
+def has_checkpoint(out_dir: str) -> bool:
+    """Whether out_dir holds a checkpoint file (ckpt.pt, ckpt_best.pt or a step checkpoint), readable or not: with
+    --resume=auto such a folder is continued, never started over."""
+    if not os.path.isdir(out_dir):
+        return False
+    return any(name in (CKPT, BEST_CKPT) or STEP_FILE.fullmatch(name) for name in os.listdir(out_dir))
 
 
 def saved_config(out_dir: str) -> TrainConfig | None:

@@ -90,6 +90,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     try:
         run = setup(cfg, env)
         with StopFlag(env) as stop, run.cleanup:
+            if run.cfg.resume == "auto" and run.cfg.init_from == "resume" and run.iter_num >= run.cfg.max_iters:
+                run.metrics.info(  # a requeued job whose run had finished: nothing to train, nothing to write
+                    f"resume=auto: the run in {run.cfg.out_dir} is finished (iter {run.iter_num} of max_iters "
+                    f"{run.cfg.max_iters}); nothing to do"
+                )
+                return {"iter_num": run.iter_num, "best_val_loss": run.best_val_loss, "losses": {}}
             result = train_loop(run, stop)
         if env.ddp:  # leave together: no rank tears its process group down while rank 0 still writes files
             torch.distributed.barrier()
@@ -274,7 +280,7 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run:
     batches, eval_batches, eval_iters = open_batches(cfg, env, folder, meta, model_args["vocab_size"], accum)
     iter_num, best_val_loss = 0, math.inf
     if ckpt is not None:
-        iter_num, best_val_loss = restore(ckpt, source, model, optimizer, scaler, batches, env, fsdp)
+        iter_num, best_val_loss = restore(ckpt, source, model, optimizer, scaler, batches, env, fsdp, cfg.seed)
     data_state = batches.state_dict()  # the state that yields X, Y below: what a resume must restore
     X, Y = batches.next_batch()  # (its token ids are checked against the vocabulary here, before any write)
     # a sharded model needs every rank in each forward pass, so under FSDP all ranks sample (rank 0 logs)

@@ -37,15 +37,25 @@ from gptforge.tokenizer import from_spec, tokenizer_spec
 
 
 def resume_checkpoint(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """With init_from='resume': the checkpoint to continue (ckpt.pt, or the newest readable fallback) and its path."""
+    """When the run continues (init_from='resume', which --resume=auto sets when out_dir has a checkpoint): the
+    checkpoint to continue (ckpt.pt, or the newest readable fallback; with --resume=auto the newest readable) and
+    its path. Rank 0 says first which it is, and under torchrun which restart this is."""
+    auto = cfg.resume == "auto"
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if env.is_main and restarts:
+        limit = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
+        print(f"torchrun restart {restarts} (of --max-restarts={limit})", flush=True)
     if cfg.init_from != "resume":
+        if env.is_main and auto:
+            print(f"resume=auto: no checkpoint in {cfg.out_dir}; a new run (init_from={cfg.init_from})", flush=True)
         return None, ""
-    ckpt, source, problems = load_resumable(cfg.out_dir, map_location=env.device)
+    ckpt, source, problems = load_resumable(cfg.out_dir, map_location=env.device, newest=auto)
     if env.is_main:
         for problem in problems:
             print(problem, flush=True)
-        newest = " (the newest readable checkpoint)" if problems else ""
-        print(f"resuming {cfg.out_dir} from iter {ckpt['iter_num']} ({source}){newest}", flush=True)
+        newest = " (the newest readable checkpoint)" if problems or auto else ""
+        prefix = "resume=auto: " if auto else ""
+        print(f"{prefix}resuming {cfg.out_dir} from iter {ckpt['iter_num']} ({source}){newest}", flush=True)
         changes = resume_changes(cfg)
         if changes:
             shown = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items())
@@ -118,12 +128,6 @@ def resolve_config(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], model_a
                 flush=True,
             )
         hellaswag_interval = 0
-    if env.ddp and cfg.parallel == "fsdp" and hellaswag_interval > 0:
-        # ranks score different numbers of batches, and every forward of a sharded model needs all ranks
-        raise UserError(
-            "--hellaswag_interval does not work with --parallel=fsdp yet; use parallel=ddp, or evaluate "
-            "the checkpoint afterwards with `gptforge eval hellaswag`"
-        )
     shape = {k: model_args[k] for k in MODEL_ARGS if k != "vocab_size"} if cfg.init_from != "scratch" else {}
     return dataclasses.replace(
         cfg,
@@ -188,12 +192,15 @@ def restore(
     batches: Batches,
     env: DistEnv,
     fsdp: bool,
+    seed: int,
 ) -> tuple[int, float]:
     """A resumed run's optimizer, loss scale, RNGs and data position; returns (iter_num, best_val_loss)."""
     load_optimizer_state(model, optimizer, ckpt, fsdp, source)
     if ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
-    restore_run_state(ckpt, env, batches)
+    told = restore_run_state(ckpt, env, batches, seed)
+    if told and env.is_main:
+        print(told, flush=True)
     return int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
 
 

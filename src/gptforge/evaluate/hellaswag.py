@@ -132,6 +132,13 @@ def _raw_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _sharded(model: torch.nn.Module) -> bool:
+    """Whether the GPT is sharded with FSDP (fully_shard), so that each forward needs every rank."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(_raw_model(model), FSDPModule)
+
+
 Rendered = tuple[torch.Tensor, torch.Tensor, int]  # render_example's (tokens (4, L), mask (4, L), label)
 
 
@@ -195,9 +202,17 @@ def evaluate_hellaswag(
     counts = torch.zeros(3, dtype=torch.long)  # n, correct, correct_norm
     desc = "hellaswag" if world_size == 1 else f"hellaswag (rank 0's share of {world_size})"
     bar = console.progress(len(rendered), desc, "ex", enabled=progress and rank == 0)
+    sharded = _sharded(model)
+    count = len(rendered)  # examples this rank goes through
+    if sharded:  # every forward gathers each block's weights from all ranks: all ranks run the same count
+        count = -(-len(examples) // world_size)  # the largest share
+        _raw_model(model).unshard()  # the root's own weights (embeddings, head), which hidden_states() reads
     try:
-        for start in range(0, len(rendered), batch_examples):
+        for start in range(0, count, batch_examples):
             batch = rendered[start : start + batch_examples]
+            if not batch:  # this rank's share is done: a forward for the others' sake, not counted
+                score_rendered(model, [render_example(examples[0], tokenizer, block_size)], device, ctx)
+                continue
             sum_loss, mean_loss = score_rendered(model, batch, device, ctx)
             labels = torch.tensor([label for _, _, label in batch])
             counts += torch.stack(
@@ -209,6 +224,8 @@ def evaluate_hellaswag(
     finally:
         if bar is not None:
             bar.close()
+        if sharded:
+            _raw_model(model).reshard()
         model.train(was_training)
     if dist.is_available() and dist.is_initialized():
         counts = counts.to(device)  # NCCL reduces CUDA tensors only
