@@ -22,6 +22,7 @@ class DistEnv:
     world_size: int = 1
     device: str = "cpu"
     ddp: bool = False  # a process group exists (launched by torchrun)
+    restart: int = 0  # torchrun --max-restarts: how many times the group has been started again
 
     @property
     def is_main(self) -> bool:
@@ -54,7 +55,7 @@ def setup_distributed(device: str, backend: str) -> DistEnv:
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
     else:
         dist.init_process_group(backend=backend)
-    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, ddp=True)
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, ddp=True, restart=restart)
 
 
 def teardown(env: DistEnv) -> None:

@@ -41,10 +41,9 @@ def resume_checkpoint(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> t
     checkpoint to continue (ckpt.pt, or the newest readable fallback; with --resume=auto the newest readable) and
     its path. Rank 0 says first which it is, and under torchrun which restart this is."""
     auto = cfg.resume == "auto"
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    if env.is_main and restarts:
+    if env.is_main and env.restart:
         limit = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
-        print(f"torchrun restart {restarts} (of --max-restarts={limit})", flush=True)
+        print(f"torchrun restart {env.restart} (of --max-restarts={limit})", flush=True)
     if cfg.init_from != "resume":
         if env.is_main and auto:
             print(f"resume=auto: no checkpoint in {cfg.out_dir}; a new run (init_from={cfg.init_from})", flush=True)
