@@ -322,3 +322,23 @@ def test_auto_dtype_on_cpu_follows_the_hardware(monkeypatch, fast_bf16, n_embd, 
     monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: fast_bf16)
     assert device.resolve_dtype("auto", "cpu", n_embd) == expected
     assert device.resolve_dtype("float32", "cpu", n_embd) == "float32"
+
+
+def test_the_eta_forgets_the_compiling_first_step():
+    """A first step of 18 s (torch.compile), then 15 ms steps (every 50th 0.5 s) logged every 50: the ETA is
+    the later steps' mean times the steps left (it was 7 s a step after 250 steps, from the first's 18 s)."""
+    from types import SimpleNamespace
+
+    from gptforge.train import StepTimer
+
+    model = SimpleNamespace(estimate_mfu=lambda *a: 0.1)
+    run = SimpleNamespace(cfg=SimpleNamespace(max_iters=500, batch_size=4), accum=1, peak_flops=1e12)
+    run.raw_model, run.tokens_per_iter = model, 1024
+    timer = StepTimer()
+    timer.add(18.0)
+    assert timer.report(run, 0)["eta_s"] == pytest.approx(18.0 * 499)  # all it knows yet
+    for step in range(1, 251):
+        timer.add(0.015 if step % 50 else 0.5)  # every 50th step also evaluates
+        if step % 50 == 0:
+            eta = timer.report(run, step)["eta_s"]
+    assert eta == pytest.approx((49 * 0.015 + 0.5) / 50 * 249, rel=1e-6), eta

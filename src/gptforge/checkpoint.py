@@ -208,14 +208,15 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    """Set the random streams saved by rng_state; its tensors may have been loaded onto a GPU (map_location)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
-    keys = n["keys"].numpy().astype(np.uint32)
+    keys = n["keys"].cpu().numpy().astype(np.uint32)
     np.random.set_state(("MT19937", keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool):

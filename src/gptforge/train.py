@@ -231,15 +231,21 @@ class StepTimer:
 
     def __init__(self) -> None:
         self.seconds, self.steps, self.ema_dt, self.mfu = 0.0, 0, None, None
+        self.warming_up = True
 
     def add(self, seconds: float) -> None:
         self.seconds += seconds
         self.steps += 1
 
     def report(self, run: Run, step: int) -> dict[str, Any]:
-        dt = self.seconds / self.steps
+        dt, steps = self.seconds / self.steps, self.steps
         self.seconds, self.steps = 0.0, 0
-        self.ema_dt = dt if self.ema_dt is None else 0.9 * self.ema_dt + 0.1 * dt
+        if self.warming_up:  # compilation and warm-up in the first steps would hold the ETA up for long
+            self.ema_dt = dt
+        else:
+            keep = 0.9**steps  # the same average per step whatever log_interval is
+            self.ema_dt = keep * self.ema_dt + (1 - keep) * dt
+        self.warming_up = step < 5
         if step >= 5:  # the first steps include warm-up and would drag the average down
             mfu = run.raw_model.estimate_mfu(run.cfg.batch_size * run.accum, dt, run.peak_flops)
             self.mfu = mfu if self.mfu is None else 0.9 * self.mfu + 0.1 * mfu

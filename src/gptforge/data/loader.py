@@ -210,10 +210,11 @@ class RandomBatches:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the sequence; with the global generator this sets torch's global RNG state."""
         assert state.get("kind") == "random", f"data state of kind {state.get('kind')!r} given to RandomBatches"
+        generator_state = state["generator"].cpu()  # a checkpoint loaded onto a GPU holds it there
         if self.generator is not None:
-            self.generator.set_state(state["generator"])
+            self.generator.set_state(generator_state)
         else:
-            torch.set_rng_state(state["generator"])
+            torch.set_rng_state(generator_state)
 
 
 def split_files(folder: str, split: str, meta: dict[str, Any]) -> list[str]:
