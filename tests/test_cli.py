@@ -78,7 +78,9 @@ def test_sample_start_from_file_and_gpt2_bpe_run(tmp_path, shakespeare_path, tik
     assert load_checkpoint(str(tmp_path / "out/ckpt.pt"))["model_args"]["vocab_size"] == 50304  # 50257 padded
 
 
-@pytest.mark.parametrize("command", ["prepare", "train", "sample", "export", "bench", "dashboard", "eval loss"])
+@pytest.mark.parametrize(
+    "command", ["prepare", "train", "sample", "export", "bench", "dashboard", "eval loss", "eval lm-eval"]
+)
 def test_help_lists_options_with_defaults(command):
     r = run_cli(*command.split(), "--help")
     assert r.returncode == 0 and r.stderr == ""
@@ -103,6 +105,8 @@ def test_help_lists_options_with_defaults(command):
         "dashboard": ["--port", "(default: 8765)", "(default: 127.0.0.1)"],
         "eval loss": ["--ckpt PATH", "--split {val,train,both}", "(default: val)", "--eval_iters", "perplexity"]
         + ["under --data_dir (default: the run's) --data_dir", "per split (default: the run's, or 200) --batch_size"],
+        "eval lm-eval": ["--tasks TASKS", "--num_fewshot", "--limit", "--include_path DIR", "--output_path FILE"]
+        + ["--log_samples", "--batch_size", "(default: 1)", "pip install 'gptforge[eval]'", "--init_from"],
     }[command]
     flat = " ".join(r.stdout.split())  # help is wrapped to the terminal width
     for text in expected:

@@ -16,6 +16,7 @@ GROUPS = [
     ("data", "data.sources", "data.loader", "data.prepare", "data.shards"),  # datasets in, batches out
     ("pretrained", "checkpoint"),  # weights in and out of files
     ("checkpointer", "sample", "evaluate.loss", "evaluate.hellaswag", "export", "bench"),  # what uses a model
+    ("evaluate.harness_model", "evaluate.harness"),  # lm-evaluation-harness on a model
     ("train_setup", "train"),  # the training run (bench never imports it: they share optim.accumulate_gradients)
     ("time_to_loss",),  # bench --target_loss: whole training runs to a loss
     ("cli_args", "cli"),  # the command line; nothing imports it

@@ -45,6 +45,10 @@ def run(argv: Sequence[str]) -> int:
         from gptforge.dashboard.server import serve
 
         call(serve, args)
+    elif args.command == "eval" and args.task == "lm-eval":
+        from gptforge.evaluate.harness import eval_lm_eval
+
+        call(eval_lm_eval, args)
     elif args.command == "eval":
         from gptforge.evaluate.hellaswag import eval_hellaswag
         from gptforge.evaluate.loss import eval_loss

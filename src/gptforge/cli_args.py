@@ -117,7 +117,7 @@ def add_sample(sub: argparse._SubParsersAction) -> None:
 
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="evaluate a trained run (hellaswag, loss)", formatter_class=formatter,
+    p = sub.add_parser("eval", help="evaluate a trained run (hellaswag, loss, lm-eval)", formatter_class=formatter,
                        description="Evaluate <out_dir>/ckpt.pt (or --ckpt PATH) on a benchmark; the result goes to "
                        "stdout.")
     tasks = p.add_subparsers(dest="task", required=True)
@@ -132,6 +132,7 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--limit", type=int, default=None, help="score only the first N examples (default: all 10,042)")
     t.add_argument("--batch_size", type=int, default=4, help="examples per forward pass (4 sequences each)")
     add_device(t)
+    add_lm_eval(tasks)
     t = tasks.add_parser("loss", help="loss and perplexity on a dataset's splits", formatter_class=formatter,
                          description="Measure <out_dir>/ckpt.pt (or --ckpt PATH, or GPT-2's weights) on a prepared "
                          "dataset: the mean cross-entropy over --eval_iters batches per split and its perplexity. "
@@ -146,6 +147,26 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--block_size", type=int, default=None,
                    help="tokens per sequence (default: the run's; at most the model's block_size)")
     add_device(t, seed_help="seed of the batch positions")
+
+
+def add_lm_eval(tasks: argparse._SubParsersAction) -> None:
+    t = tasks.add_parser("lm-eval", help="EleutherAI's lm-evaluation-harness tasks (hellaswag, arc_easy, piqa, ...)",
+                         formatter_class=formatter,
+                         description="Score <out_dir>/ckpt.pt (or --ckpt PATH, or --init_from=gpt2) with "
+                         "lm-evaluation-harness (pip install 'gptforge[eval]'), no export needed; prints lm-eval's "
+                         "table. The options are lm-eval's. Tasks load their datasets from the Hugging Face hub; "
+                         "offline, give --include_path with a task YAML over local files (README).")
+    add_model_source(t, "score", "run folder holding ckpt.pt (a GPT-2 BPE run)")
+    t.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names")
+    t.add_argument("--num_fewshot", type=int, default=None, help="examples in each prompt (default: each task's)")
+    t.add_argument("--limit", type=float, default=None,
+                   help="only the first N examples of each task (a number below 1: that fraction)")
+    t.add_argument("--batch_size", type=int, default=1, help="sequences per forward pass")
+    t.add_argument("--include_path", default=None, metavar="DIR", help="a folder of your own task YAML files")
+    t.add_argument("--output_path", default=None, metavar="FILE", help="write lm-eval's results as JSON to FILE")
+    t.add_argument("--log_samples", action="store_true",
+                   help="also put every example's requests and responses (log-likelihoods) in the JSON")
+    add_device(t, seed_help="seed of lm-eval's few-shot sampling and of any sampling in generation")
 
 
 def add_export_and_dashboard(sub: argparse._SubParsersAction) -> None:
