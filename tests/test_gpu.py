@@ -4,8 +4,6 @@ run and a kill -9 campaign equal to an uninterrupted run, and KV-cache generatio
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -15,6 +13,7 @@ from gptforge.checkpoint import load_checkpoint
 from gptforge.muon import orthogonalize
 from test_faults import check_campaign
 from test_modern import ALL_ON, tiny
+from test_train import records
 
 pytestmark = pytest.mark.gpu
 
@@ -22,8 +21,7 @@ MODERN = {**ALL_ON, "optimizer": "muon", "muon_warmup": 5}
 
 
 def val_losses(out_dir) -> list[float]:
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    return [row["val_loss"] for row in rows if row["kind"] == "eval"]
+    return [row["val_loss"] for row in records(out_dir, "eval")]
 
 
 def test_the_modern_recipe_with_bf16_and_compile_learns_as_on_the_cpu(char_data, tmp_path):

@@ -240,13 +240,14 @@ class StepTimer:
     def report(self, run: Run, step: int) -> dict[str, Any]:
         dt, steps = self.seconds / self.steps, self.steps
         self.seconds, self.steps = 0.0, 0
-        if self.warming_up:  # compilation and warm-up in the first steps would hold the ETA up for long
+        settled = step >= 5  # the first steps include compilation and warm-up
+        if self.warming_up:  # they would hold the ETA up for long and drag the MFU down
             self.ema_dt = dt
         else:
             keep = 0.9**steps  # the same average per step whatever log_interval is
             self.ema_dt = keep * self.ema_dt + (1 - keep) * dt
-        self.warming_up = step < 5
-        if step >= 5:  # the first steps include warm-up and would drag the average down
+        self.warming_up = not settled
+        if settled:
             mfu = run.raw_model.estimate_mfu(run.cfg.batch_size * run.accum, dt, run.peak_flops)
             self.mfu = mfu if self.mfu is None else 0.9 * self.mfu + 0.1 * mfu
         return {

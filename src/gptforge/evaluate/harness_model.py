@@ -24,7 +24,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from gptforge.checkpoint import load_model
-from gptforge.device import autocast_context, resolve_device, resolve_dtype
+from gptforge.device import autocast_context, device_type, resolve_device, resolve_dtype
 from gptforge.errors import UserError
 
 
@@ -63,9 +63,9 @@ class GPTForgeLM(TemplateLM):
         model, tokenizer, _ = load_model(out_dir, ckpt, init_from, self._device)
         check_text_tokenizer(tokenizer)
         self.model, self.tok = model, tokenizer
-        device_type = self._device.split(":")[0]
-        self.dtype = resolve_dtype(dtype, device_type, model.config.n_embd)
-        self.ctx = autocast_context(device_type, self.dtype)
+        kind = device_type(self._device)
+        self.dtype = resolve_dtype(dtype, kind, model.config.n_embd)
+        self.ctx = autocast_context(kind, self.dtype)
         self.batch_size = 16 if str(batch_size).startswith("auto") else int(batch_size or 1)
         self.max_gen_toks = int(max_gen_toks)
 
