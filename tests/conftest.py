@@ -157,7 +157,7 @@ def whole_and_resumed(data_dir: Path, tmp_path: Path, run: dict) -> tuple[dict, 
     tmp_path/split, through the real CLI; returns both final checkpoints, whose weights must be equal."""
     import torch
 
-    from gptforge.checkpoint import load_checkpoint
+    from gptforge.weights.checkpoint import load_checkpoint
 
     whole, split, steps = tmp_path / "whole", tmp_path / "split", run["max_iters"]
     for out, options in ((whole, run), (split, {**run, "max_iters": steps // 2})):

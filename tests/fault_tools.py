@@ -174,7 +174,7 @@ def compare_runs(reference: Path, other: Path, max_iters: int) -> list[str]:
     """Where `other`'s final checkpoint and metrics differ from `reference`'s; [] when they are equal.
 
     The checkpoint's config is left out: it records init_from, which differs by design."""
-    from gptforge.checkpoint import load_checkpoint
+    from gptforge.weights.checkpoint import load_checkpoint
 
     mismatches: list[str] = []
     ref, got = load_checkpoint(str(reference / "ckpt.pt")), load_checkpoint(str(other / "ckpt.pt"))
@@ -205,6 +205,6 @@ def compare_runs(reference: Path, other: Path, max_iters: int) -> list[str]:
 
 def ckpt_step(path: Path) -> int:
     """The step a checkpoint file holds; raises when it does not load (a torn checkpoint)."""
-    from gptforge.checkpoint import load_checkpoint
+    from gptforge.weights.checkpoint import load_checkpoint
 
     return int(load_checkpoint(str(path))["iter_num"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gptforge.model import GPT, GPTConfig
+from gptforge.model.gpt import GPT, GPTConfig
 
 
 def tiny_gpt(block_size: int = 64, vocab_size: int = 50257, seed: int = 0) -> GPT:

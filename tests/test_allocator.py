@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import run_cli, tiny_train_args
-from gptforge.allocator import SWITCH, USER_VARIABLES, _apply, _libc
+from gptforge.core.allocator import SWITCH, USER_VARIABLES, _apply, _libc
 
 pytestmark = pytest.mark.skipif(_libc() is None, reason="not glibc: the setting is not applied on this C library")
 
@@ -38,7 +38,7 @@ def mapped_while_holding():
 
 out = {}
 if sys.argv[1] == "parent":
-    from gptforge.allocator import keep_freed_memory
+    from gptforge.core.allocator import keep_freed_memory
     out["line"] = keep_freed_memory()
     child = subprocess.run([sys.executable, "-c", sys.argv[2], "child"], capture_output=True, text=True, check=True)
     out["child"] = json.loads(child.stdout)["self"]

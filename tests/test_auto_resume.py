@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_train_args
-from gptforge.checkpoint import (
+from gptforge.core.distributed import DistEnv
+from gptforge.core.errors import UserError
+from gptforge.weights.checkpoint import (
     capture_rng,
     derived_seed,
     load_checkpoint,
@@ -20,8 +22,6 @@ from gptforge.checkpoint import (
     restore_run_state,
     save_checkpoint,
 )
-from gptforge.distributed import DistEnv
-from gptforge.errors import UserError
 
 RUN = dict(max_iters=10, lr_decay_iters=20, warmup_iters=5, eval_interval=5, resume="auto")
 
@@ -140,7 +140,7 @@ def test_another_world_size_re_derives_every_ranks_streams(tmp_path):
         assert restore_run_state(ckpt, DistEnv(rank=rank, world_size=2), None, seed=1337) == ""
         saved_draws.append(draws())
     for rank, state in enumerate(streams):  # the reference: the saved state itself
-        from gptforge.checkpoint import restore_rng
+        from gptforge.weights.checkpoint import restore_rng
 
         restore_rng(state)
         assert draws() == saved_draws[rank]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from gptforge import checkpoint as ck
-from gptforge.errors import UserError
-from gptforge.model import GPT, GPTConfig
-from gptforge.optim import configure_optimizer
+from gptforge.core.errors import UserError
+from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.model.optim import configure_optimizer
+from gptforge.weights import checkpoint as ck
 
 ARGS = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, bias=False, vocab_size=20)
 
@@ -188,7 +188,7 @@ def test_rotation_keeps_the_newest_step_checkpoints(tmp_path):
 def test_an_interrupt_inside_a_write_whose_clean_up_fails_is_still_the_interrupt(tmp_path):
     """torch.save's zip writer, interrupted mid-write, fails again closing the file ("unexpected pos"): the
     command must still end as interrupted (exit 130), the old file intact and no temporary left."""
-    from gptforge.files import atomic_write
+    from gptforge.core.files import atomic_write
 
     target = tmp_path / "ckpt.pt"
     target.write_bytes(b"old")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gptforge.checkpointer import Save, saves_at
+from gptforge.train.checkpointer import Save, saves_at
 
 BASE = dict(
     start_step=0,

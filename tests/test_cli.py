@@ -73,7 +73,7 @@ def test_sample_start_from_file_and_gpt2_bpe_run(tmp_path, shakespeare_path, tik
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("To be, or not to be") and r.stdout.endswith("---------------\n")
-    from gptforge.checkpoint import load_checkpoint
+    from gptforge.weights.checkpoint import load_checkpoint
 
     assert load_checkpoint(str(tmp_path / "out/ckpt.pt"))["model_args"]["vocab_size"] == 50304  # 50257 padded
 
@@ -165,7 +165,7 @@ def test_sigint_finishes_the_step_checkpoints_and_resumes(char_data, tmp_path):
     assert proc.returncode == 0, stderr
     assert "SIGINT: finishing this step" in stdout
     assert f"continue with: gptforge train --out_dir={out} --init_from=resume" in stdout
-    from gptforge.checkpoint import load_checkpoint
+    from gptforge.weights.checkpoint import load_checkpoint
 
     stopped_at = load_checkpoint(str(out / "ckpt.pt"))["iter_num"]
     assert stopped_at >= 6
@@ -213,7 +213,7 @@ def test_build_nanogpt_flags_train_a_wsd_run_whose_evaluations_state_perplexity(
     """build-nanogpt's flag names drive a real run; each step's lr is get_lr's wsd value; evals carry val_ppl."""
     import math
 
-    from gptforge.optim import get_lr
+    from gptforge.model.optim import get_lr
 
     ours = tiny_train_args(
         char_data,
@@ -367,7 +367,7 @@ def test_build_nanogpt_command_from_the_issue(char_data, tmp_path):
     assert [int(line.split()[0]) for line in log if " train " in line] == list(range(10))
     assert [line.split()[0] for line in log if " val " in line] == ["0", "5", "10"]
     ckpt = tmp_path / "L" / "model_00009.pt"
-    from gptforge.checkpoint import load_checkpoint
+    from gptforge.weights.checkpoint import load_checkpoint
 
     assert load_checkpoint(str(ckpt))["iter_num"] == 10
     assert sorted(p.name for p in (tmp_path / "L").glob("model_*.pt")) == ["model_00009.pt"]  # --logdir: every 5000

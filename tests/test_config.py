@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gptforge.config import TrainConfig, help_text, load_config
-from gptforge.errors import UserError
+from gptforge.core.config import TrainConfig, help_text, load_config
+from gptforge.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -356,7 +356,7 @@ def test_alias_last_one_wins_and_unknown_names_suggest_aliases():
 
 
 def test_help_lists_the_aliases():
-    from gptforge.aliases import ALIASES, EPOCH_NAMES, alias_help
+    from gptforge.core.aliases import ALIASES, EPOCH_NAMES, alias_help
 
     text = alias_help()
     for alias, key in ALIASES.items():

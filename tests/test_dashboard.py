@@ -381,7 +381,7 @@ def test_cli_user_errors(tmp_path):
     assert r.returncode == 2 and "no such folder" in r.stderr and "Traceback" not in r.stderr
     # plotly not installed: sys.modules[name] = None is how Python marks a module as absent
     code = (
-        "import sys; sys.modules['plotly'] = None\nfrom gptforge.cli import main\n"
+        "import sys; sys.modules['plotly'] = None\nfrom gptforge.cli.main import main\n"
         f"main(['dashboard', {str(tmp_path)!r}, '--port', '0'])"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)

@@ -256,7 +256,7 @@ NO_SAMPLES = "no samples (enable with --sample_interval)"
 
 def metrics_run(folder: Path, samples: list[tuple[int, list[str]]] = ()) -> Path:
     """A run folder written by metrics.Metrics as train writes one: 10 train lines, an eval, and `samples`."""
-    from gptforge.metrics import Metrics
+    from gptforge.train.metrics import Metrics
 
     folder.mkdir(parents=True)
     m = Metrics(str(folder))

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from gptforge.core.errors import UserError
 from gptforge.data import prepare as prep
 from gptforge.data.loader import RandomBatches, dataset_dir, open_tokens, read_meta
-from gptforge.errors import UserError
-from gptforge.tokenizer import CharTokenizer, GPT2Tokenizer, from_spec
+from gptforge.tokenizer.char import CharTokenizer
+from gptforge.tokenizer.gpt2 import GPT2Tokenizer
+from gptforge.tokenizer.spec import from_spec
 
 
 def test_shakespeare_char_matches_nanogpt(tmp_path, shakespeare_path):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_train_args
-from gptforge.checkpoint import load_checkpoint
+from gptforge.weights.checkpoint import load_checkpoint
 from test_modern import ALL_ON
 
 # 2 ranks x 2 micro-batches = one process's 4, from the sharded loader: the same data either way
@@ -100,7 +100,7 @@ def test_fsdp_matches_one_process_and_its_checkpoint_loads_in_one_process(char_d
     assert max(abs(a - b) for a, b in zip(one, two, strict=True)) < 1e-4, (one, two)
 
     # the gathered checkpoint holds whole tensors: it loads and samples in one plain process
-    from gptforge.checkpoint import load_checkpoint, load_checkpoint_model
+    from gptforge.weights.checkpoint import load_checkpoint, load_checkpoint_model
 
     ckpt = load_checkpoint(str(fsdp / "ckpt.pt"))
     assert ckpt["optimizer_format"] == "fqn" and ckpt["iter_num"] == 6
@@ -125,7 +125,7 @@ def test_user_error_under_torchrun_exits_cleanly_on_every_rank(char_data, tmp_pa
     assert r.stderr.count("does not divide across 2 processes; make it a multiple of 2") == 1
     # torchrun reports the first rank to fail (it then stops the others): status 2, the user-error code
     assert "exitcode  : 2" in r.stderr
-    assert "gptforge/train.py" not in r.stderr  # and neither printed a traceback of ours
+    assert "gptforge/train/loop.py" not in r.stderr  # and neither printed a traceback of ours
     assert not (tmp_path / "r").exists()  # nothing written before the check
 
 

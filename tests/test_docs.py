@@ -6,7 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from gptforge.config import TrainConfig
+from gptforge.core.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from conftest import tiny_train_args
-from gptforge.checkpoint import load_checkpoint
+from gptforge.weights.checkpoint import load_checkpoint
 from test_distributed import DDP_RUN, losses, one_process
 
 # big enough that a step takes tens of milliseconds, so that a kill lands mid-run

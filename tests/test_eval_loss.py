@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import run_cli, tiny_train_args
-from gptforge.checkpoint import load_checkpoint_model
 from gptforge.data.loader import RandomBatches
 from gptforge.data.prepare import prepare
+from gptforge.weights.checkpoint import load_checkpoint_model
 
 
 def reference_loss(ckpt_path, bin_path, batch, block, iters, seed) -> float:
@@ -84,7 +84,7 @@ def test_eval_loss_errors_name_the_flag(char_data, tmp_path):
 
 def test_eval_picks_the_dtype_by_trains_rule_for_the_model(char_data, tmp_path, monkeypatch, capsys):
     """On a CPU with bfloat16 hardware, train keeps float32 below 256 wide: eval does the same for such a model."""
-    from gptforge import device
+    from gptforge.core import device
     from gptforge.evaluate.loss import eval_loss
 
     out = tmp_path / "run"

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptforge.layers import Dropout, attention_fast_dropout, keep_mask
-from gptforge.model import GPT, GPTConfig
+from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.model.layers import Dropout, attention_fast_dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5])

@@ -18,7 +18,7 @@ from pathlib import Path
 from conftest import SHARED, need_shared, tiny_train_args
 from fault_campaign import SHARDED_RUN, prepare_shard_data, run_campaign, summary
 from fault_tools import CHILD_TIMEOUT, Child, compare_runs, records
-from gptforge.checkpoint import load_checkpoint
+from gptforge.weights.checkpoint import load_checkpoint
 
 
 def finished(args: list[str]) -> Child:
@@ -187,8 +187,8 @@ def wait_until_stopped(pid: int, timeout: float = 10.0) -> None:
 
 def test_campaign_helpers_compare_exactly(char_data, tmp_path):
     """compare_runs is not blind: a run with another seed differs in weights, optimizer state and losses."""
-    from gptforge.config import load_config
-    from gptforge.train import train
+    from gptforge.core.config import load_config
+    from gptforge.train.loop import train
 
     opts = dict(max_iters=4, lr_decay_iters=4, eval_interval=2, eval_iters=1)
     train(load_config(tiny_train_args(char_data, tmp_path / "a", **opts)))

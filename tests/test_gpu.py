@@ -9,8 +9,8 @@ import torch
 
 from conftest import run_cli, tiny_train_args, whole_and_resumed
 from fault_campaign import run_campaign
-from gptforge.checkpoint import load_checkpoint
-from gptforge.muon import orthogonalize
+from gptforge.model.muon import orthogonalize
+from gptforge.weights.checkpoint import load_checkpoint
 from test_faults import check_campaign
 from test_modern import ALL_ON, tiny
 from test_train import records

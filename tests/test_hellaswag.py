@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptforge.errors import UserError
+from gptforge.core.errors import UserError
 from gptforge.evaluate import hellaswag as hs
-from gptforge.model import GPT
-from gptforge.tokenizer import GPT2Tokenizer
+from gptforge.model.gpt import GPT
+from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 from hellaswag_tools import tiny_gpt
 
 EXAMPLES = [

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from gptforge.checkpoint import save_checkpoint
 from gptforge.evaluate import hellaswag as hs
+from gptforge.weights.checkpoint import save_checkpoint
 from hellaswag_tools import tiny_gpt
 
 RESULT_LINE = re.compile(
@@ -84,7 +84,7 @@ def test_cli_one_process_and_two_torchrun_ranks_agree(tmp_path, tiktoken_cache, 
     assert parse_result(torchrun.stdout) == (n, correct, correct_norm)
     assert "2 process(es)" in torchrun.stderr
 
-    from gptforge.checkpoint import load_checkpoint_model
+    from gptforge.weights.checkpoint import load_checkpoint_model
 
     model, tok, _ = load_checkpoint_model(str(out / "ckpt.pt"), "cpu")
     result = hs.evaluate_hellaswag(model, tok, hs.load_examples(str(hellaswag_path), 30), "cpu", progress=False)
@@ -109,7 +109,7 @@ def test_cli_scores_a_checkpoint_file_given_by_ckpt(tmp_path, tiktoken_cache, he
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr
-    from gptforge.checkpoint import load_checkpoint_model
+    from gptforge.weights.checkpoint import load_checkpoint_model
 
     model, tok, _ = load_checkpoint_model(str(moved), "cpu")
     result = hs.evaluate_hellaswag(model, tok, hs.load_examples(str(hellaswag_path), 8), "cpu", progress=False)
@@ -154,9 +154,9 @@ def test_hellaswag_during_training_logs_acc_norm(tmp_path, hellaswag_path, tikto
     import json
 
     from conftest import tiny_train_args
-    from gptforge.config import load_config
+    from gptforge.core.config import load_config
     from gptforge.data.prepare import prepare
-    from gptforge.train import train
+    from gptforge.train.loop import train
 
     text = tmp_path / "t.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 80)
@@ -184,8 +184,8 @@ def test_hellaswag_during_training_is_skipped_with_a_note_on_char_data(char_data
     """A character vocabulary cannot encode HellaSwag (build-nanogpt's --eval_freq asks for it on any dataset):
     the run trains and says why no HellaSwag figures come."""
     from conftest import tiny_train_args
-    from gptforge.config import load_config
-    from gptforge.train import train
+    from gptforge.core.config import load_config
+    from gptforge.train.loop import train
 
     train(
         load_config(

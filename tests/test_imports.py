@@ -10,20 +10,22 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gptforge"
 # The modules bottom up: each may import only modules listed before it (errors, the leaf, is open to all), so
 # imports flow one way and there are no cycles. docs/ARCHITECTURE.md "Imports flow one way" names the groups.
 GROUPS = [
-    ("errors", "console", "files", "allocator"),  # standard library only: the dashboard may use them
-    ("aliases", "config", "resume", "memory", "tokenizer", "layers", "model"),  # settings, vocabularies, the network
-    ("device", "distributed", "muon", "optim", "metrics"),  # where and how it runs, what it reports
+    ("core.errors", "core.console", "core.files", "core.allocator"),  # standard library only
+    ("core.aliases", "core.config", "core.device", "core.distributed"),  # settings; where and how it runs
+    ("model.layers", "model.gpt", "model.muon", "model.optim"),  # the network and its optimizers
+    ("tokenizer.char", "tokenizer.gpt2", "tokenizer.spec"),  # vocabularies
     ("data", "data.sources", "data.loader", "data.prepare", "data.shards"),  # datasets in, batches out
-    ("pretrained", "checkpoint"),  # weights in and out of files
-    ("checkpointer", "sample", "evaluate.loss", "evaluate.hellaswag", "export", "bench"),  # what uses a model
-    ("evaluate.harness_model", "evaluate.harness"),  # lm-evaluation-harness on a model
-    ("train_setup", "train"),  # the training run (bench never imports it: they share optim.accumulate_gradients)
-    ("time_to_loss",),  # bench --target_loss: whole training runs to a loss
-    ("cli_args", "cli"),  # the command line; nothing imports it
+    ("weights.pretrained", "weights.checkpoint", "weights.export"),  # weights in and out of files
+    ("infer.sample",),  # using a model
+    ("evaluate.loss", "evaluate.hellaswag", "evaluate.harness_model", "evaluate.harness"),  # measuring a model
+    ("train.memory", "train.metrics", "train.resume", "train.checkpointer", "train.setup", "train.loop"),  # a run
+    ("bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
+    ("cli.args", "cli.main"),  # the command line; nothing imports it
 ]
+STAGES = ["core", "model", "tokenizer", "data", "weights", "infer", "evaluate", "train", "bench", "cli"]
 ORDER = [name for group in GROUPS for name in group]
-DASHBOARD_MAY_USE = {"errors", "files", "config"}  # standard library only: the dashboard starts at once
-EXTRA = {"train_setup": {"dashboard"}, "cli": {"dashboard"}}  # train's dashboard=True; `gptforge dashboard`
+DASHBOARD_MAY_USE = {"core.errors", "core.files", "core.config", "core.aliases"}  # no torch: it starts at once
+EXTRA = {"train.setup": {"dashboard"}, "cli.main": {"dashboard"}}  # train's dashboard=True; `gptforge dashboard`
 
 
 def package_imports(path: Path) -> set[str]:
@@ -50,7 +52,7 @@ def test_imports_flow_one_way():
     for path in sorted(SRC.rglob("*.py")):
         name = module_name(path)
         imports = package_imports(path) - {""}
-        if "cli" in imports and name not in ("cli", "__main__"):
+        if any(m.split(".")[0] == "cli" for m in imports) and not name.startswith("cli") and name != "__main__":
             problems.append(f"{name} imports cli")
         if path.name == "__init__.py" and name != "data" or name == "__main__":
             continue
@@ -61,10 +63,22 @@ def test_imports_flow_one_way():
         assert name in ORDER, f"{name} is not placed in the layering: add it to ORDER and ARCHITECTURE.md"
         imports = {"dashboard" if m.startswith("dashboard") else m for m in imports}
         allowed = set(ORDER[: ORDER.index(name)]) | EXTRA.get(name, set())
-        bad = imports - allowed - {"errors"}
+        bad = imports - allowed - {"core.errors"} - {s for s in STAGES if s in allowed_stages(allowed)}
         if bad:
             problems.append(f"{name} imports {sorted(bad)}")
     assert not problems, problems
+
+
+def allowed_stages(allowed: set[str]) -> set[str]:
+    """A stage's package itself (its __init__, a docstring) may be imported once any of its modules may."""
+    return {m.split(".")[0] for m in allowed}
+
+
+def test_every_stage_package_says_what_it_owns():
+    for stage in STAGES:
+        init = SRC / stage / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc) > 80, f"{init} needs a docstring: what the stage owns and what it may import"
 
 
 def test_dashboard_never_imports_torch():
@@ -78,5 +92,5 @@ def test_dashboard_never_imports_torch():
 
 def test_the_checker_catches_a_violation(tmp_path):
     bad = tmp_path / "model.py"
-    bad.write_text("from gptforge.train import train\nimport gptforge.errors\n")
-    assert package_imports(bad) == {"train", "errors"}
+    bad.write_text("from gptforge.train.loop import train\nimport gptforge.core.errors\n")
+    assert package_imports(bad) == {"train.loop", "core.errors"}

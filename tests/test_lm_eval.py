@@ -172,7 +172,7 @@ def test_lm_evals_acc_equals_gptforge_hellaswag_on_the_same_rendering(work):
     """build-nanogpt's rendering through lm-eval: acc (summed log-likelihood) is `gptforge eval hellaswag`'s acc,
     example for example. The acc_norms differ by definition: gptforge's divides by the ending's tokens, lm-eval's
     by its characters; each recomputed from lm-eval's per-choice log-likelihoods gives each tool's figure."""
-    from gptforge.tokenizer import GPT2Tokenizer
+    from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 
     n, task = 60, "hellaswag_completion"
     results = ours(work, "gpt2", task, f"--limit={n}")

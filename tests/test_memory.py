@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gptforge.errors import UserError
-from gptforge.memory import GB, check_fits, estimate_training_memory
-from gptforge.model import GPT, GPTConfig
-from gptforge.optim import configure_optimizer
+from gptforge.core.errors import UserError
+from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.model.optim import configure_optimizer
+from gptforge.train.memory import GB, check_fits, estimate_training_memory
 
 SHAPES = [
     dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, bias=False),

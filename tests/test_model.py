@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptforge.model import GPT, GPTConfig
+from gptforge.model.gpt import GPT, GPTConfig
 
 
 def tiny(**kw) -> GPT:
@@ -207,7 +207,7 @@ def test_cached_and_uncached_generation_give_identical_tokens(prompt_len, new, w
 
 
 def test_kv_cache_steps_match_the_full_forward():
-    from gptforge.model import KVCache
+    from gptforge.model.gpt import KVCache
 
     model = tiny().eval()
     idx = torch.randint(0, 37, (2, 12))
@@ -222,7 +222,7 @@ def test_kv_cache_steps_match_the_full_forward():
 
 
 def test_top_p_and_stop_token():
-    from gptforge.model import sample_next
+    from gptforge.model.gpt import sample_next
 
     logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]])  # probabilities ~0.72, 0.26, 0.013, 0.005
     g = torch.Generator().manual_seed(0)
@@ -253,7 +253,7 @@ def test_generation_leaves_the_global_rng_alone():
 
 
 def test_model_vocab_size_pads_gpt2_bpe_only():
-    from gptforge.model import model_vocab_size
+    from gptforge.model.gpt import model_vocab_size
 
     assert model_vocab_size({"vocab_size": 50257, "tokenizer": "gpt2"}) == 50304
     assert model_vocab_size({"vocab_size": 50304, "tokenizer": "gpt2"}) == 50304

@@ -11,13 +11,13 @@ import math
 import pytest
 import torch
 
-import gptforge.model as model_module
+import gptforge.model.gpt as model_module
 from conftest import run_cli, whole_and_resumed
-from gptforge.config import MODEL_SWITCHES
-from gptforge.errors import UserError
-from gptforge.export import export_hf
-from gptforge.layers import KVCache, apply_rotary, rotary_angles
-from gptforge.model import GPT, SWITCHES, GPTConfig
+from gptforge.core.config import MODEL_SWITCHES
+from gptforge.core.errors import UserError
+from gptforge.model.gpt import GPT, SWITCHES, GPTConfig
+from gptforge.model.layers import KVCache, apply_rotary, rotary_angles
+from gptforge.weights.export import export_hf
 
 ALL_ON = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untie_head=True, zero_init=True, logit_softcap=15.0)
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from conftest import whole_and_resumed
-from gptforge.config import TrainConfig
-from gptforge.model import GPT, GPTConfig
-from gptforge.muon import CUBIC, MuonAdamW, orthogonalize
-from gptforge.optim import configure_optimizer, muon_settings
+from gptforge.core.config import TrainConfig
+from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.model.muon import CUBIC, MuonAdamW, orthogonalize
+from gptforge.model.optim import configure_optimizer, muon_settings
 
 
 def polar(g: torch.Tensor) -> torch.Tensor:

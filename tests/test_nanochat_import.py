@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_train_args
-from gptforge.errors import UserError
-from gptforge.export import export_hf
-from gptforge.pretrained import load_pretrained
+from gptforge.core.errors import UserError
+from gptforge.weights.export import export_hf
+from gptforge.weights.pretrained import load_pretrained
 from test_modern import ALL_ON, tiny
 
 transformers = pytest.importorskip("transformers")
@@ -92,7 +92,7 @@ def test_damaged_weights_are_named(tmp_path):
 
 
 def test_train_and_sample_start_from_a_nanochat_folder(tmp_path, bpe_data):
-    from gptforge.checkpoint import load_checkpoint
+    from gptforge.weights.checkpoint import load_checkpoint
 
     their_model(tmp_path / "hf")
     args = tiny_train_args(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gptforge.model import GPT, GPTConfig
-from gptforge.optim import configure_optimizer, get_lr
+from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.model.optim import configure_optimizer, get_lr
 
 SCHED = dict(learning_rate=1e-3, warmup_iters=100, lr_decay_iters=2000, min_lr=1e-4)
 

@@ -12,12 +12,12 @@ import torch
 import transformers  # the [hf] extra; the [test] extra installs it
 
 from conftest import SHARED, need_shared, run_cli
-from gptforge.checkpoint import save_checkpoint
-from gptforge.config import GPT2_NAMES
-from gptforge.errors import UserError
-from gptforge.export import export_hf
-from gptforge.model import GPT, SWITCHES, GPTConfig
-from gptforge.pretrained import load_pretrained
+from gptforge.core.config import GPT2_NAMES
+from gptforge.core.errors import UserError
+from gptforge.model.gpt import GPT, SWITCHES, GPTConfig
+from gptforge.weights.checkpoint import save_checkpoint
+from gptforge.weights.export import export_hf
+from gptforge.weights.pretrained import load_pretrained
 
 TOL = 1e-5
 BPE_DIR = SHARED / "gpt2-tokenizer"
@@ -201,7 +201,7 @@ def test_exported_tokenizer_is_openais_and_the_pipeline_generates(bpe_export):
     assert json.loads((folder / "vocab.json").read_text()) == json.loads((BPE_DIR / "encoder.json").read_text())
     assert (folder / "merges.txt").read_text().splitlines() == (BPE_DIR / "vocab.bpe").read_text().splitlines()
 
-    from gptforge.tokenizer import GPT2Tokenizer
+    from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 
     tok = GPT2Tokenizer()
     text = "Hello, I'm a language model,\n\n  with 2 spaces, émigrés and 日本語!"
@@ -285,9 +285,9 @@ def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path
     import json
 
     from conftest import run_cli, tiny_train_args
-    from gptforge.checkpoint import load_checkpoint
-    from gptforge.config import load_config
-    from gptforge.train import train
+    from gptforge.core.config import load_config
+    from gptforge.train.loop import train
+    from gptforge.weights.checkpoint import load_checkpoint
 
     torch.manual_seed(0)
     hf = randomize_(

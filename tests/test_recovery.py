@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_train_args
-from gptforge import checkpoint as ck
-from gptforge.config import load_config
-from gptforge.train import train
+from gptforge.core.config import load_config
+from gptforge.train.loop import train
+from gptforge.weights import checkpoint as ck
 
 
 def run(data_dir, out_dir, **overrides):
@@ -117,7 +117,7 @@ def test_temporary_files_of_killed_writers_are_removed(char_data, tmp_path):
 def test_a_non_finite_step_is_skipped_and_never_reaches_the_weights(char_data, tmp_path, monkeypatch):
     """Step 3's gradients are made NaN: the step is skipped and logged, AdamW takes one step fewer, the weights
     stay finite, and the other steps train normally."""
-    import gptforge.train as train_module
+    import gptforge.train.loop as train_module
 
     real = train_module.accumulate_gradients
     calls = []
@@ -202,7 +202,7 @@ def test_disk_full_during_a_checkpoint_write_keeps_the_previous_one(char_data, t
 
 @pytest.mark.parametrize("torn", ["12 train 2.3", '{"step": 12, "kind": "train", "lo'])
 def test_a_line_torn_by_a_crash_is_dropped_on_resume(tmp_path, torn):
-    from gptforge.metrics import Metrics
+    from gptforge.train.metrics import Metrics
 
     m = Metrics(str(tmp_path), resume_step=None)
     for step in range(12):
@@ -219,8 +219,8 @@ def test_a_line_torn_by_a_crash_is_dropped_on_resume(tmp_path, torn):
 
 def test_a_full_disk_under_the_metrics_files_is_a_clear_error(tmp_path):
     """/dev/full refuses every write with ENOSPC, as a full disk does."""
-    from gptforge.errors import UserError
-    from gptforge.metrics import Metrics
+    from gptforge.core.errors import UserError
+    from gptforge.train.metrics import Metrics
 
     m = Metrics(str(tmp_path))
     m.jsonl.close()

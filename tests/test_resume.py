@@ -8,7 +8,7 @@ import hashlib
 import torch
 
 from conftest import run_cli, tiny_train_args
-from gptforge.checkpoint import load_checkpoint
+from gptforge.weights.checkpoint import load_checkpoint
 
 # settings far from the defaults (40 accumulation steps, 12 x 1024, warmup 2000...), so a resume that fell
 # back to the defaults could not go unnoticed

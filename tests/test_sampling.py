@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_train_args
-from gptforge.model import GPT, WINDOWS, GPTConfig
+from gptforge.model.gpt import GPT, WINDOWS, GPTConfig
 
 BLOCK = 16
 
@@ -116,7 +116,7 @@ def test_half_equals_its_uncached_run_and_differs_from_slide(prompt_len):
 
 
 def test_unknown_window_is_refused_and_the_cli_offers_the_models_windows():
-    from gptforge.cli_args import build_parser
+    from gptforge.cli.args import build_parser
 
     with pytest.raises(ValueError, match="window"):
         tiny().generate(torch.zeros(1, 2, dtype=torch.long), 3, window="full")
@@ -130,7 +130,7 @@ def test_unknown_window_is_refused_and_the_cli_offers_the_models_windows():
 def test_sample_cli_greedy_text_equals_the_nanogpt_loop(char_data, tmp_path):
     """`gptforge sample` on a trained checkpoint whose 16-token window fills: greedy text as nanoGPT's loop
     gives it (default window), and 'half' as generate(window='half') gives it."""
-    from gptforge.checkpoint import load_checkpoint_model
+    from gptforge.weights.checkpoint import load_checkpoint_model
 
     run = tmp_path / "run"
     r = run_cli(

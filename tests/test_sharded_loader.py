@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from gptforge.core.errors import UserError
 from gptforge.data.loader import ShardedBatches, split_files
-from gptforge.errors import UserError
 
 T, B = 8, 3
 
@@ -116,9 +116,9 @@ def test_train_on_prepared_shards_picks_the_sharded_loader(tmp_path, tiktoken_ca
     import json
 
     from conftest import SHARED, need_shared, run_cli, tiny_train_args
-    from gptforge.config import load_config
+    from gptforge.core.config import load_config
     from gptforge.data.shards import prepare_shards  # noqa: F401  (the module the CLI recipe uses)
-    from gptforge.train import train
+    from gptforge.train.loop import train
 
     sample = need_shared(SHARED / "webtext-sample" / "cc_en_head-0091.jsonl")
     r = run_cli(

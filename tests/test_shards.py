@@ -21,10 +21,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SHARED, need_shared, run_cli
+from gptforge.core.errors import UserError
 from gptforge.data.loader import read_meta
 from gptforge.data.shards import prepare_shards
-from gptforge.errors import UserError
-from gptforge.tokenizer import GPT2Tokenizer
+from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 
 WEBTEXT = SHARED / "webtext-sample"
 EOT_TEXT = "<|endoftext|>"
@@ -128,7 +128,7 @@ def shard_files(folder: Path) -> dict[str, bytes]:
 KILL_MID_SHARD = """
 import contextlib, os, signal, sys
 import gptforge.data.shards as shards
-from gptforge.cli import main
+from gptforge.cli.main import main
 
 real_atomic_write = shards.atomic_write
 fatal, seen = int(sys.argv[1]), 0

@@ -61,7 +61,7 @@ def test_a_resumed_run_keeps_the_samples_of_earlier_steps(char_data, tmp_path):
 
 
 def test_metrics_creates_samples_jsonl_with_the_first_samples(tmp_path):
-    from gptforge.metrics import Metrics
+    from gptforge.train.metrics import Metrics
 
     m = Metrics(str(tmp_path))
     m.log(0, "train", loss=2.0, lr=1e-3, ms_per_iter=1.0)
@@ -79,7 +79,7 @@ def test_metrics_creates_samples_jsonl_with_the_first_samples(tmp_path):
 
 
 def test_sample_prompt_outside_the_vocabulary_is_a_user_error(char_data, tmp_path):
-    from gptforge.errors import UserError
+    from gptforge.core.errors import UserError
 
     with pytest.raises(UserError, match="--sample_prompt: character '€'"):
         run(char_data, tmp_path / "r", sample_interval=2, sample_prompt="€uro")
@@ -209,7 +209,7 @@ def test_resumed_run_continues_the_same_wandb_run(char_data, tmp_path):
         "train", *tiny_train_args(char_data, tmp_path / "r", **{**common, "max_iters": 3}), env=wandb_env(tmp_path)
     )
     assert r.returncode == 0, r.stderr
-    from gptforge.checkpoint import load_checkpoint
+    from gptforge.weights.checkpoint import load_checkpoint
 
     run_id = load_checkpoint(str(tmp_path / "r/ckpt.pt"))["wandb_run_id"]
     assert run_id
@@ -225,7 +225,7 @@ def test_resumed_run_continues_the_same_wandb_run(char_data, tmp_path):
 def test_evaluations_state_perplexity_beside_the_loss(tmp_path, capsys):
     import math
 
-    from gptforge.metrics import Metrics, perplexity
+    from gptforge.train.metrics import Metrics, perplexity
 
     m = Metrics(str(tmp_path))
     m.log(0, "eval", train_loss=math.log(65), val_loss=2.0, lr=1e-3)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_train_args
-from gptforge.checkpoint import load_checkpoint_model
+from gptforge.bench.time_to_loss import SCREEN_EVERY, HeldOut
 from gptforge.data.loader import read_meta
-from gptforge.model import GPT, GPTConfig
-from gptforge.time_to_loss import SCREEN_EVERY, HeldOut
+from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.weights.checkpoint import load_checkpoint_model
 
 
 def config_file(path, data_dir, **overrides):

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from conftest import tiny_train_args
-from gptforge.checkpoint import load_checkpoint
-from gptforge.config import load_config
-from gptforge.device import autocast_context
-from gptforge.errors import UserError
-from gptforge.train import train
+from gptforge.core.config import load_config
+from gptforge.core.device import autocast_context
+from gptforge.core.errors import UserError
+from gptforge.train.loop import train
+from gptforge.weights.checkpoint import load_checkpoint
 
 
 def run(data_dir, out_dir, **overrides):
@@ -117,8 +117,8 @@ class ListBatches:
 
 def test_gradient_accumulation_equals_one_big_batch():
     """4 micro-batches of 2 give the gradient and loss of one batch of 8 (the loss is divided by accum)."""
-    from gptforge.model import GPT, GPTConfig
-    from gptforge.optim import accumulate_gradients
+    from gptforge.model.gpt import GPT, GPTConfig
+    from gptforge.model.optim import accumulate_gradients
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).double()
@@ -227,7 +227,7 @@ def test_user_errors_before_any_training(char_data, tmp_path):
 
 
 def test_measuring_peak_flops_leaves_the_global_rng_alone():
-    from gptforge.device import measure_matmul_flops
+    from gptforge.core.device import measure_matmul_flops
 
     torch.manual_seed(5)
     expected = torch.rand(4)
@@ -238,8 +238,8 @@ def test_measuring_peak_flops_leaves_the_global_rng_alone():
 
 def nanogpt_checkpoint(path, model_args, iter_num=5):
     """A checkpoint laid out as nanoGPT writes it: compiled-model prefixes, tensor best_val_loss, no extras."""
-    from gptforge.model import GPT, GPTConfig
-    from gptforge.optim import configure_optimizer
+    from gptforge.model.gpt import GPT, GPTConfig
+    from gptforge.model.optim import configure_optimizer
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(**model_args))
@@ -284,7 +284,7 @@ def test_compiled_training_matches_eager_and_saves_plain_names(char_data, tmp_pa
 
 
 def test_auto_resolution_on_this_machine():
-    from gptforge.device import resolve_compile, resolve_device, resolve_dtype
+    from gptforge.core.device import resolve_compile, resolve_device, resolve_dtype
 
     expected_device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     assert resolve_device("auto") == expected_device
@@ -317,7 +317,7 @@ def test_cuda_training_with_autocast_compile_and_pinned_batches(char_data, tmp_p
 )
 def test_auto_dtype_on_cpu_follows_the_hardware(monkeypatch, fast_bf16, n_embd, expected):
     """bfloat16 only where the CPU multiplies it in hardware and the model is wide enough for it to pay."""
-    from gptforge import device
+    from gptforge.core import device
 
     monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: fast_bf16)
     assert device.resolve_dtype("auto", "cpu", n_embd) == expected
@@ -329,7 +329,7 @@ def test_the_eta_forgets_the_compiling_first_step():
     the later steps' mean times the steps left (it was 7 s a step after 250 steps, from the first's 18 s)."""
     from types import SimpleNamespace
 
-    from gptforge.train import StepTimer
+    from gptforge.train.loop import StepTimer
 
     model = SimpleNamespace(estimate_mfu=lambda *a: 0.1)
     run = SimpleNamespace(cfg=SimpleNamespace(max_iters=500, batch_size=4), accum=1, peak_flops=1e12)

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptforge.core.files import CKPT, CONFIG, METRICS, SAMPLES
 from gptforge.dashboard.records import file_id, open_at, parse_line, read_json, read_lines
-from gptforge.files import CKPT, CONFIG, METRICS, SAMPLES
 
 MAX_DEPTH = 3  # a run folder, a folder of runs, a sweep of folders of runs, one more level
 MAX_SCAN_ENTRIES = 20_000  # per root and scan, so a dashboard started in $HOME does not crawl the disk

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from gptforge.core.errors import UserError
+from gptforge.core.files import METRICS, SAMPLES
 from gptforge.dashboard.records import read_records, read_samples
 from gptforge.dashboard.runs import RunIndex
-from gptforge.errors import UserError
-from gptforge.files import METRICS, SAMPLES
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC = {  # URL path -> (file name in static/, content type)

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gptforge.errors import UserError
-from gptforge.tokenizer import GPT2_EOT, GPT2_VOCAB
+from gptforge.core.errors import UserError
+from gptforge.tokenizer.gpt2 import GPT2_EOT, GPT2_VOCAB
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 

@@ -11,12 +11,13 @@ from typing import IO, Any
 
 import numpy as np
 
-from gptforge.console import log
+from gptforge.core.console import log
+from gptforge.core.errors import UserError
+from gptforge.core.files import atomic_write, download
 from gptforge.data import RECIPES
 from gptforge.data.sources import read_txt
-from gptforge.errors import UserError
-from gptforge.files import atomic_write, download
-from gptforge.tokenizer import CharTokenizer, GPT2Tokenizer
+from gptforge.tokenizer.char import CharTokenizer
+from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 OFFLINE_HINT = "Pass --input PATH to a local copy of the file"

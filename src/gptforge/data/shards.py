@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from gptforge.console import log, progress
+from gptforge.core.console import log, progress
+from gptforge.core.errors import UserError
+from gptforge.core.files import atomic_write, write_bytes
 from gptforge.data import SHARD_RECIPES
 from gptforge.data.sources import Source, files_source, hub_source
-from gptforge.errors import UserError
-from gptforge.files import atomic_write, write_bytes
-from gptforge.tokenizer import GPT2_EOT, GPT2_VOCAB, GPT2Tokenizer
+from gptforge.tokenizer.gpt2 import GPT2_EOT, GPT2_VOCAB, GPT2Tokenizer
 
 STATE_FILE = ".prepare_state.json"
 STATE_VERSION = 1

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gptforge.console import log
-from gptforge.errors import UserError
+from gptforge.core.console import log
+from gptforge.core.errors import UserError
 
 HUB = {  # recipe -> load_dataset arguments
     "openwebtext": {"path": "openwebtext", "split": "train"},

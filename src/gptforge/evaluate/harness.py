@@ -10,9 +10,9 @@ import json
 import os
 from typing import Any
 
-from gptforge import console
-from gptforge.errors import UserError
-from gptforge.files import atomic_write
+from gptforge.core import console
+from gptforge.core.errors import UserError
+from gptforge.core.files import atomic_write
 
 INSTALL = "pip install 'gptforge[eval]' (or: pip install lm_eval)"
 OFFLINE_ROUTE = (

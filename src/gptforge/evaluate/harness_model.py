@@ -23,9 +23,9 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from gptforge.checkpoint import load_model
-from gptforge.device import autocast_context, device_type, resolve_device, resolve_dtype
-from gptforge.errors import UserError
+from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
+from gptforge.core.errors import UserError
+from gptforge.weights.checkpoint import load_model
 
 
 def check_text_tokenizer(tokenizer: Any) -> None:

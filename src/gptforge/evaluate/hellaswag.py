@@ -13,13 +13,13 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from gptforge import console
-from gptforge.checkpoint import load_model
-from gptforge.device import autocast_context, resolve_dtype
-from gptforge.distributed import setup_distributed, teardown
-from gptforge.errors import UserError
-from gptforge.files import download
-from gptforge.tokenizer import Tokenizer
+from gptforge.core import console
+from gptforge.core.device import autocast_context, resolve_dtype
+from gptforge.core.distributed import setup_distributed, teardown
+from gptforge.core.errors import UserError
+from gptforge.core.files import download
+from gptforge.tokenizer.spec import Tokenizer
+from gptforge.weights.checkpoint import load_model
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 CACHE_ENV = "GPTFORGE_CACHE_DIR"

@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import torch
 
-from gptforge.checkpoint import load_model
-from gptforge.console import log
+from gptforge.core.console import log
+from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
+from gptforge.core.errors import UserError
 from gptforge.data.loader import Batches, dataset_dir, loader_kind, make_batches, read_meta
-from gptforge.device import autocast_context, device_type, resolve_device, resolve_dtype
-from gptforge.errors import UserError
-from gptforge.tokenizer import tokenizer_spec
+from gptforge.tokenizer.spec import tokenizer_spec
+from gptforge.weights.checkpoint import load_model
 
 
 @torch.no_grad()

@@ -14,21 +14,21 @@ from typing import Any
 
 import torch
 
-from gptforge.allocator import keep_freed_memory
-from gptforge.checkpointer import Checkpointer
-from gptforge.config import TrainConfig
+from gptforge.core.allocator import keep_freed_memory
+from gptforge.core.config import TrainConfig
+from gptforge.core.device import autocast_context, configure_backends, peak_flops
+from gptforge.core.distributed import DistEnv, StopFlag, all_reduce_mean, setup_distributed, step_is_finite, teardown
+from gptforge.core.errors import UserError
 from gptforge.data.loader import Batches, dataset_dir, read_meta
-from gptforge.device import autocast_context, configure_backends, peak_flops
-from gptforge.distributed import DistEnv, StopFlag, all_reduce_mean, setup_distributed, step_is_finite, teardown
-from gptforge.errors import UserError
 from gptforge.evaluate.loss import estimate_loss
-from gptforge.metrics import Metrics
-from gptforge.model import GPT
-from gptforge.optim import accumulate_gradients, configure_optimizer, get_lr, muon_settings
-from gptforge.resume import continue_command
-from gptforge.sample import Sampler
-from gptforge.tokenizer import tokenizer_spec
-from gptforge.train_setup import (
+from gptforge.infer.sample import Sampler
+from gptforge.model.gpt import GPT
+from gptforge.model.optim import accumulate_gradients, configure_optimizer, get_lr, muon_settings
+from gptforge.tokenizer.spec import tokenizer_spec
+from gptforge.train.checkpointer import Checkpointer
+from gptforge.train.metrics import Metrics
+from gptforge.train.resume import continue_command
+from gptforge.train.setup import (
     build_model,
     compile_and_wrap,
     gradient_sync,

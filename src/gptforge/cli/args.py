@@ -8,9 +8,9 @@ import math
 import os
 
 from gptforge import __version__
-from gptforge.config import CHOICES, FIELDS
+from gptforge.core.config import CHOICES, FIELDS
 from gptforge.data import RECIPES, SHARD_RECIPES
-from gptforge.tokenizer import GPT2_EOT
+from gptforge.tokenizer.gpt2 import GPT2_EOT
 
 TRAIN_USAGE = """usage: gptforge train [CONFIG_FILE ...] [--key=value | --key value ...]
 

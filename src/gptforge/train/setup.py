@@ -14,7 +14,19 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gptforge.checkpoint import (
+from gptforge.core.config import TrainConfig
+from gptforge.core.device import available_memory, resolve_compile, resolve_dtype, resolve_fast_dropout
+from gptforge.core.distributed import DistEnv
+from gptforge.core.errors import UserError
+from gptforge.core.files import CONFIG, atomic_write
+from gptforge.data.loader import Batches, loader_kind, make_batches
+from gptforge.evaluate.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_file, load_examples
+from gptforge.model.gpt import GPT, MODEL_ARGS, GPTConfig, model_args, model_vocab_size
+from gptforge.tokenizer.spec import from_spec, tokenizer_spec
+from gptforge.train.memory import MemoryEstimate, check_fits, estimate_training_memory
+from gptforge.train.metrics import Metrics
+from gptforge.train.resume import resume_changes
+from gptforge.weights.checkpoint import (
     checkpoint_model_args,
     load_model_state,
     load_optimizer_state,
@@ -22,18 +34,6 @@ from gptforge.checkpoint import (
     remove_stale_temporaries,
     restore_run_state,
 )
-from gptforge.config import TrainConfig
-from gptforge.data.loader import Batches, loader_kind, make_batches
-from gptforge.device import available_memory, resolve_compile, resolve_dtype, resolve_fast_dropout
-from gptforge.distributed import DistEnv
-from gptforge.errors import UserError
-from gptforge.evaluate.hellaswag import check_tokenizer, evaluate_hellaswag, hellaswag_file, load_examples
-from gptforge.files import CONFIG, atomic_write
-from gptforge.memory import MemoryEstimate, check_fits, estimate_training_memory
-from gptforge.metrics import Metrics
-from gptforge.model import GPT, MODEL_ARGS, GPTConfig, model_args, model_vocab_size
-from gptforge.resume import resume_changes
-from gptforge.tokenizer import from_spec, tokenizer_spec
 
 
 def resume_checkpoint(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -103,7 +103,7 @@ def check_memory(cfg: TrainConfig, env: DistEnv, model_args: dict[str, Any]) -> 
 def pretrained_model(cfg: TrainConfig, meta: dict[str, Any]) -> tuple[GPT, dict[str, Any]]:
     """GPT-2's weights (a hub name or a local Hugging Face folder), or a NanoChat folder's, to fine-tune;
     block_size cropped if smaller."""
-    from gptforge.pretrained import load_pretrained
+    from gptforge.weights.pretrained import load_pretrained
 
     if meta["tokenizer"] != "gpt2":
         raise UserError(

@@ -10,15 +10,15 @@ from typing import Any
 
 import torch
 
-from gptforge.checkpoint import load_model
-from gptforge.config import FIELDS, TrainConfig
-from gptforge.console import log
+from gptforge.core.config import FIELDS, TrainConfig
+from gptforge.core.console import log
+from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
+from gptforge.core.distributed import DistEnv
+from gptforge.core.errors import UserError
 from gptforge.data.sources import read_txt
-from gptforge.device import autocast_context, device_type, resolve_device, resolve_dtype
-from gptforge.distributed import DistEnv
-from gptforge.errors import UserError
-from gptforge.model import GPT, WINDOWS
-from gptforge.tokenizer import from_spec, tokenizer_spec
+from gptforge.model.gpt import GPT, WINDOWS
+from gptforge.tokenizer.spec import from_spec, tokenizer_spec
+from gptforge.weights.checkpoint import load_model
 
 SEPARATOR = "---------------"
 

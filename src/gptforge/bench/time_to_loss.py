@@ -20,13 +20,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gptforge.config import TrainConfig
-from gptforge.console import log
+from gptforge.core.config import TrainConfig
+from gptforge.core.console import log
+from gptforge.core.distributed import setup_distributed, teardown
+from gptforge.core.errors import UserError
 from gptforge.data.loader import DTYPES, dataset_dir, open_tokens, read_meta, split_files
-from gptforge.distributed import setup_distributed, teardown
-from gptforge.errors import UserError
-from gptforge.model import GPT
-from gptforge.train import apply_lr, setup, train_step
+from gptforge.model.gpt import GPT
+from gptforge.train.loop import apply_lr, setup, train_step
 
 SCREEN_EVERY = 8  # a cheap first look on every 8th window ...
 SCREEN_MARGIN = 0.1  # ... and the whole set only once that is within this of the target (~5 standard errors)

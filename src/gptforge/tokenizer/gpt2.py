@@ -1,47 +1,16 @@
-"""Tokenizers behind one interface: CharTokenizer (a character vocabulary) and GPT2Tokenizer (tiktoken BPE), each
-described by a plain dict, its `spec()`, stored in meta.json and every checkpoint. Offline use of GPT-2's BPE
-files (TIKTOKEN_CACHE_DIR, GPTFORGE_GPT2_BPE_DIR): README "Commands"."""
+"""GPT-2's byte-pair encoding through tiktoken, with its offline routes (TIKTOKEN_CACHE_DIR, GPTFORGE_GPT2_BPE_DIR:
+README "Commands")."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from gptforge.errors import UserError
+from gptforge.core.errors import UserError
 
 GPT2_EOT = 50256  # <|endoftext|>
 GPT2_VOCAB = 50257
 BPE_DIR_ENV = "GPTFORGE_GPT2_BPE_DIR"
-
-
-class CharTokenizer:
-    kind = "char"
-
-    def __init__(self, itos: list[str]):
-        assert all(isinstance(c, str) and len(c) == 1 for c in itos), "a char vocabulary holds single characters"
-        self.itos = list(itos)
-        self.stoi = {c: i for i, c in enumerate(self.itos)}
-        self.vocab_size = len(self.itos)
-        self.eot_token: int | None = None
-
-    @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        return cls(sorted(set(text)))
-
-    def encode(self, text: str) -> list[int]:
-        try:
-            return [self.stoi[c] for c in text]
-        except KeyError as e:
-            raise UserError(
-                f"character {e.args[0]!r} is not in this model's character vocabulary "
-                f"({self.vocab_size} characters); use only characters from its training text"
-            ) from None
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.itos[i] for i in ids if 0 <= i < self.vocab_size)
-
-    def spec(self) -> dict[str, Any]:
-        return {"tokenizer": self.kind, "itos": self.itos}
 
 
 class GPT2Tokenizer:
@@ -65,18 +34,6 @@ class GPT2Tokenizer:
 
     def spec(self) -> dict[str, Any]:
         return {"tokenizer": self.kind}
-
-
-Tokenizer = CharTokenizer | GPT2Tokenizer
-
-
-def from_spec(spec: dict[str, Any]) -> Tokenizer:
-    kind = spec.get("tokenizer")
-    if kind == "char":
-        return CharTokenizer(spec["itos"])
-    if kind == "gpt2":
-        return GPT2Tokenizer()
-    raise UserError(f"unknown tokenizer kind {kind!r}: expected 'char' or 'gpt2'")
 
 
 def _gpt2_encoding():
@@ -110,8 +67,3 @@ def _encoding_from_files(bpe_dir: str):
     return tiktoken.Encoding(
         name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": GPT2_EOT}
     )
-
-
-def tokenizer_spec(meta: dict[str, Any]) -> dict[str, Any]:
-    """The spec `from_spec` reads, from a dataset's meta (checkpoints store it)."""
-    return {"tokenizer": meta["tokenizer"], **({"itos": meta["itos"]} if meta["tokenizer"] == "char" else {})}

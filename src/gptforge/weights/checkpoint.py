@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from gptforge.console import log
+from gptforge.core.console import log
+from gptforge.core.distributed import DistEnv
+from gptforge.core.errors import UserError
+from gptforge.core.files import BEST_CKPT, CKPT, STEP_FILE, atomic_write, step_checkpoint_name  # noqa: F401  (re-exported)
 from gptforge.data.loader import ShardedBatches, read_meta
-from gptforge.distributed import DistEnv
-from gptforge.errors import UserError
-from gptforge.files import BEST_CKPT, CKPT, STEP_FILE, atomic_write, step_checkpoint_name  # noqa: F401  (re-exported)
-from gptforge.model import GPT, MODEL_ARGS, SWITCHES, GPTConfig
-from gptforge.tokenizer import Tokenizer, from_spec
+from gptforge.model.gpt import GPT, MODEL_ARGS, SWITCHES, GPTConfig
+from gptforge.tokenizer.spec import Tokenizer, from_spec
 
 FORMAT_VERSION = 1
 _PREFIXES = ("_orig_mod.", "module.")  # added by torch.compile and by DDP wrappers
@@ -357,7 +357,7 @@ def load_model(
         raise UserError(f"--ckpt={ckpt} and --init_from={init_from} each name the model to load; give one of them")
     if init_from == "resume":
         return load_checkpoint_model(checkpoint_path(out_dir, ckpt), device)
-    from gptforge.pretrained import load_pretrained
+    from gptforge.weights.pretrained import load_pretrained
 
     model, _ = load_pretrained(init_from)
     return model.eval().to(device), from_spec({"tokenizer": "gpt2"}), None

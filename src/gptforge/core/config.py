@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gptforge.aliases import ALIASES, EPOCH_NAMES, Given, resolve_aliases, show
-from gptforge.errors import UserError
+from gptforge.core.aliases import ALIASES, EPOCH_NAMES, Given, resolve_aliases, show
+from gptforge.core.errors import UserError
 
 
 def _f(default: Any, doc: str) -> Any:

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from gptforge.checkpoint import checkpoint_path, load_checkpoint_model
-from gptforge.console import log
-from gptforge.errors import UserError
-from gptforge.model import GPT, SWITCHES
-from gptforge.pretrained import CONV1D, NANOCHAT, nanochat_names
-from gptforge.tokenizer import GPT2_EOT, GPT2_VOCAB
+from gptforge.core.console import log
+from gptforge.core.errors import UserError
+from gptforge.model.gpt import GPT, SWITCHES
+from gptforge.tokenizer.gpt2 import GPT2_EOT, GPT2_VOCAB
+from gptforge.weights.checkpoint import checkpoint_path, load_checkpoint_model
+from gptforge.weights.pretrained import CONV1D, NANOCHAT, nanochat_names
 
 EOT_TEXT = "<|endoftext|>"
 # Files `export_hf` writes, and other files of a Hugging Face model folder: --force replaces a folder
@@ -256,7 +256,7 @@ def write_gpt2_tokenizer(folder: str, model_max_length: int = 1024) -> None:
     vocab.json maps each token, written in GPT-2's byte-to-unicode alphabet, to its id; merges.txt lists the
     50,000 merges in rank order. Both equal OpenAI's encoder.json and vocab.bpe.
     """
-    from gptforge.tokenizer import GPT2Tokenizer
+    from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 
     vocab, merges = gpt2_vocab_and_merges(GPT2Tokenizer().enc)
     _write_json(os.path.join(folder, "vocab.json"), vocab)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptforge.errors import UserError
+from gptforge.core.errors import UserError
 
 # build-nanogpt's flag names -> our keys. Its --min_lr, --weight_decay, --total_batch_size and --seed are ours too.
 ALIASES: dict[str, str] = {

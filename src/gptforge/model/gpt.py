@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptforge.layers import (
+from gptforge.model.layers import (
     Dropout,
     KVCache,
     RMSNorm,

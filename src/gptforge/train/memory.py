@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gptforge.errors import UserError
+from gptforge.core.errors import UserError
 
 GB = 1e9
 

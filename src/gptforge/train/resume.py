@@ -11,9 +11,9 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from gptforge.config import FIELDS, MODEL_SWITCHES, TrainConfig, coerce, load_config
-from gptforge.errors import UserError
-from gptforge.files import BEST_CKPT, CKPT, CONFIG, STEP_FILE
+from gptforge.core.config import FIELDS, MODEL_SWITCHES, TrainConfig, coerce, load_config
+from gptforge.core.errors import UserError
+from gptforge.core.files import BEST_CKPT, CKPT, CONFIG, STEP_FILE
 
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", *MODEL_SWITCHES)  # a checkpoint's weights fix these
 NOT_CHANGES = ("init_from", "resume")  # a resumed run's init_from is 'resume', whatever started it

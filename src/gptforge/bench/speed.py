@@ -14,11 +14,10 @@ from typing import Any
 
 import torch
 
-from gptforge.allocator import keep_freed_memory
-from gptforge.config import TrainConfig
-from gptforge.console import log
-from gptforge.data.loader import read_meta
-from gptforge.device import (
+from gptforge.core.allocator import keep_freed_memory
+from gptforge.core.config import TrainConfig
+from gptforge.core.console import log
+from gptforge.core.device import (
     autocast_context,
     available_memory,
     configure_backends,
@@ -33,11 +32,12 @@ from gptforge.device import (
     resolve_dtype,
     resolve_fast_dropout,
 )
-from gptforge.errors import UserError
-from gptforge.memory import check_fits, estimate_training_memory
-from gptforge.model import GPT, GPTConfig, model_args, model_vocab_size
-from gptforge.optim import accumulate_gradients, configure_optimizer, muon_settings
-from gptforge.tokenizer import GPT2_VOCAB
+from gptforge.core.errors import UserError
+from gptforge.data.loader import read_meta
+from gptforge.model.gpt import GPT, GPTConfig, model_args, model_vocab_size
+from gptforge.model.optim import accumulate_gradients, configure_optimizer, muon_settings
+from gptforge.tokenizer.gpt2 import GPT2_VOCAB
+from gptforge.train.memory import check_fits, estimate_training_memory
 
 
 class RandomTokens:
@@ -219,7 +219,8 @@ def bench_generation(cfg: TrainConfig, new_tokens: int = 500, batch: int = 1) ->
 
 def bench_tokenizers(text_path: str | None) -> dict[str, Any]:
     """Tokens/s of encoding text (Tiny Shakespeare when given, else generated text) with each tokenizer."""
-    from gptforge.tokenizer import CharTokenizer, GPT2Tokenizer
+    from gptforge.tokenizer.char import CharTokenizer
+    from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 
     if text_path:
         with open(text_path, encoding="utf-8") as fh:

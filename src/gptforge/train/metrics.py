@@ -11,8 +11,8 @@ import os
 import time
 from typing import Any
 
-from gptforge.errors import UserError
-from gptforge.files import LOG, METRICS, SAMPLES, TENSORBOARD, atomic_write
+from gptforge.core.errors import UserError
+from gptforge.core.files import LOG, METRICS, SAMPLES, TENSORBOARD, atomic_write
 
 
 class Metrics:

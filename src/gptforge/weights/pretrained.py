@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from gptforge.config import GPT2_NAMES
-from gptforge.errors import UserError
-from gptforge.model import GPT, MODEL_ARGS, GPTConfig
+from gptforge.core.config import GPT2_NAMES
+from gptforge.core.errors import UserError
+from gptforge.model.gpt import GPT, MODEL_ARGS, GPTConfig
 
 # what Hugging Face's NanoChatForCausalLM computes; zero_init only changes the start, rope_base and
 # logit_softcap are in its config (export.export_format and _nanochat_args both read it)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gptforge.device import device_type, resolve_device
+from gptforge.core.device import device_type, resolve_device
 
 
 @dataclass

@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from gptforge.config import CHOICES
-from gptforge.errors import UserError
+from gptforge.core.config import CHOICES
+from gptforge.core.errors import UserError
 
 DTYPES = {name: getattr(torch, name) for name in CHOICES["dtype"] if name != "auto"}
 

@@ -11,10 +11,16 @@ from typing import Any
 
 import torch
 
-from gptforge.checkpoint import FORMAT_VERSION, capture_rng, full_states, rotate_step_checkpoints, save_checkpoint
-from gptforge.config import TrainConfig
-from gptforge.distributed import DistEnv, gather
-from gptforge.files import BEST_CKPT, CKPT, step_checkpoint_name
+from gptforge.core.config import TrainConfig
+from gptforge.core.distributed import DistEnv, gather
+from gptforge.core.files import BEST_CKPT, CKPT, step_checkpoint_name
+from gptforge.weights.checkpoint import (
+    FORMAT_VERSION,
+    capture_rng,
+    full_states,
+    rotate_step_checkpoints,
+    save_checkpoint,
+)
 
 
 @dataclass(frozen=True)

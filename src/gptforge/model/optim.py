@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from gptforge.config import CHOICES
+from gptforge.core.config import CHOICES
 
 
 def configure_optimizer(
@@ -42,7 +42,7 @@ def configure_optimizer(
     if muon is None:
         fused = device_type == "cuda"
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
-    from gptforge.muon import MuonAdamW
+    from gptforge.model.muon import MuonAdamW
 
     for group in groups:
         group.update(kind="adamw", lr=learning_rate, betas=betas, lr_scale=1.0)

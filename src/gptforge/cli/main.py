@@ -11,10 +11,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gptforge.allocator import keep_freed_memory
-from gptforge.cli_args import TRAIN_USAGE, bench_parser, build_parser
+from gptforge.cli.args import TRAIN_USAGE, bench_parser, build_parser
+from gptforge.core.allocator import keep_freed_memory
+from gptforge.core.errors import UserError
 from gptforge.data import SHARD_RECIPES
-from gptforge.errors import UserError
 
 
 def run(argv: Sequence[str]) -> int:
@@ -38,7 +38,7 @@ def run(argv: Sequence[str]) -> int:
             raise UserError(f"recipe {args.recipe!r} takes no FILE arguments; use --input PATH for a local copy")
         call(prepare, args)
     elif args.command == "sample":
-        from gptforge.sample import SampleArgs, sample
+        from gptforge.infer.sample import SampleArgs, sample
 
         sample(call(SampleArgs, args))
     elif args.command == "dashboard":
@@ -55,7 +55,7 @@ def run(argv: Sequence[str]) -> int:
 
         call(eval_hellaswag if args.task == "hellaswag" else eval_loss, args)
     elif args.command == "export":
-        from gptforge.export import export_run
+        from gptforge.weights.export import export_run
 
         call(export_run, args)
     return 0
@@ -68,15 +68,15 @@ def call(func: Callable[..., Any], args: argparse.Namespace, **more: Any) -> Any
 
 
 def run_train(args: list[str]) -> int:
-    from gptforge.aliases import alias_help
-    from gptforge.config import help_text
-    from gptforge.resume import load_run_config
+    from gptforge.core.aliases import alias_help
+    from gptforge.core.config import help_text
+    from gptforge.train.resume import load_run_config
 
     if "-h" in args or "--help" in args:
         print(TRAIN_USAGE + help_text() + "\n\nbuild-nanogpt's flag names (aliases -> key):\n" + alias_help())
         return 0
     cfg = load_run_config(args)
-    from gptforge.train import train
+    from gptforge.train.loop import train
 
     train(cfg)
     return 0
@@ -87,10 +87,10 @@ def run_bench(args: list[str]) -> int:
     # --tokenizers=FILE / --compare=FILE, so that a config file after either stays a config file
     args = [f"{arg}=" if arg in ("--tokenizers", "--compare") else arg for arg in args]
     opts, rest = bench_parser().parse_known_args(args)
-    from gptforge.config import load_config
+    from gptforge.core.config import load_config
 
     if opts.target_loss is not None:
-        from gptforge.time_to_loss import run_time_to_loss
+        from gptforge.bench.time_to_loss import run_time_to_loss
 
         files = [a for a in rest if not a.startswith("--") and a.endswith(".py")]
         name = os.path.basename(files[-1]).removesuffix(".py") if files else "config"
@@ -108,7 +108,7 @@ def run_bench(args: list[str]) -> int:
             f"--compare={opts.compare} races two configs and needs --target_loss; a bare --compare "
             "times the baseline step"
         )
-    from gptforge.bench import run_bench as bench
+    from gptforge.bench.speed import run_bench as bench
 
     bench(
         load_config(rest),

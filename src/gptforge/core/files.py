@@ -10,8 +10,8 @@ import urllib.request
 from collections.abc import Iterator
 from typing import IO, Any
 
-from gptforge.console import log
-from gptforge.errors import UserError
+from gptforge.core.console import log
+from gptforge.core.errors import UserError
 
 # A run folder (<out_dir>/), as train writes it and sample, eval and the dashboard read it.
 CKPT = "ckpt.pt"  # the latest checkpoint: what --init_from=resume continues
