@@ -13,7 +13,7 @@ GROUPS = [
     ("core.errors", "core.console", "core.files", "core.allocator"),  # standard library only
     ("core.aliases", "core.config", "core.device", "core.distributed"),  # settings; where and how it runs
     ("model.layers", "model.gpt", "model.muon", "model.optim"),  # the network and its optimizers
-    ("tokenizer.char", "tokenizer.gpt2", "tokenizer.spec"),  # vocabularies
+    ("tokenizer.specials", "tokenizer.char", "tokenizer.gpt2", "tokenizer.spec"),  # vocabularies
     ("data", "data.sources", "data.loader", "data.prepare", "data.shards"),  # datasets in, batches out
     ("weights.pretrained", "weights.checkpoint", "weights.export"),  # weights in and out of files
     ("infer.sample",),  # using a model
