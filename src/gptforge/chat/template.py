@@ -1,0 +1,142 @@
+"""The chat format for Hugging Face tools: a Jinja `chat_template` that renders exactly what chat/render.py does, and
+`add_chat_tokens_to_hf_folder`, which makes a GPT-2 tokenizer folder (weights/export.py's `write_gpt2_tokenizer`)
+chat-ready. Then `tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+return_assistant_tokens_mask=True)` gives our ids and our loss mask, and `add_generation_prompt=True` gives
+`render_prompt`'s ids.
+
+The template wraps each trained assistant message's content and end token in {% generation %} ... {% endgeneration
+%}, which is how transformers finds the assistant's tokens; that needs a fast tokenizer (token offsets), so the
+folder gets a tokenizer.json. One difference remains by design: Hugging Face tokenizers split added tokens out of
+any text, so a message that contains "<|user_end|>" as text gets the special id there, where our renderer keeps
+the characters (transformers' `sanitize_control_tokens` would keep them, but not with the assistant mask).
+No import of transformers: the files are written as plain JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from gptforge.core.errors import UserError
+from gptforge.tokenizer.specials import BOS, CHAT_SPECIALS, GPT2_BOUNDARY, ROLES, gpt2_special_ids, role_tokens
+
+_ROLE_LIST = "[" + ", ".join(f"'{r}'" for r in ROLES) + "]"
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    f"{{%- if message['role'] not in {_ROLE_LIST} -%}}"
+    "{{- raise_exception('unknown chat role ' ~ message['role'] ~ '; the roles are " + ", ".join(ROLES) + "') -}}"
+    "{%- endif -%}"
+    "{%- set end = '<|' ~ message['role'] ~ '_end|>' -%}"
+    "{{- '<|' ~ message['role'] ~ '_start|>' -}}"
+    "{%- if message['role'] in ['assistant', 'tool_call'] and not (message['train'] is defined and not "
+    "message['train']) -%}"
+    "{%- generation -%}{{- message['content'] ~ end -}}{%- endgeneration -%}"
+    "{%- else -%}"
+    "{{- message['content'] ~ end -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant_start|>' -}}{%- endif -%}"
+)
+
+
+def _token_flags(content: str) -> dict[str, Any]:
+    """An added special token that is never stripped, normalised or merged: it matches only its exact text."""
+    return {
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+
+
+def chat_added_tokens(special_ids: dict[str, int] | None = None) -> dict[int, str]:
+    """id -> text of every special token a GPT-2 chat tokenizer has: <|endoftext|> (our <|bos|>) and the chat
+    tokens on the spare rows."""
+    ids = special_ids or gpt2_special_ids()
+    return {ids[BOS]: GPT2_BOUNDARY, **{ids[name]: name for name in CHAT_SPECIALS}}
+
+
+def add_chat_tokens_to_hf_folder(folder: str, special_ids: dict[str, int] | None = None) -> None:
+    """Make a Hugging Face GPT-2 tokenizer folder (vocab.json, merges.txt, tokenizer_config.json, as
+    `write_gpt2_tokenizer` writes them) chat-ready: the chat tokens as added special tokens at their ids
+    (50257-50266), <|endoftext|> as bos, the chat template, and a fast tokenizer (tokenizer.json)."""
+    added = chat_added_tokens(special_ids)
+    config_path = os.path.join(folder, "tokenizer_config.json")
+    config = _read_json(config_path)
+    vocab = _read_json(os.path.join(folder, "vocab.json"))
+    merges = _read_merges(os.path.join(folder, "merges.txt"))
+    if vocab.get(GPT2_BOUNDARY) != min(added):
+        raise UserError(f"{folder}: not a GPT-2 tokenizer folder ({GPT2_BOUNDARY} is not id {min(added)})")
+    chat = [added[i] for i in sorted(added) if added[i] != GPT2_BOUNDARY]
+    config.update(
+        bos_token=GPT2_BOUNDARY,
+        added_tokens_decoder={str(i): _token_flags(text) for i, text in sorted(added.items())},
+        additional_special_tokens=chat,
+        chat_template=CHAT_TEMPLATE,
+    )
+    _write_json(config_path, config)
+    special_map_path = os.path.join(folder, "special_tokens_map.json")
+    special_map = _read_json(special_map_path) if os.path.isfile(special_map_path) else {}
+    _write_json(special_map_path, {**special_map, "bos_token": GPT2_BOUNDARY, "additional_special_tokens": chat})
+    _write_json(os.path.join(folder, "tokenizer.json"), _tokenizer_json(vocab, merges, added))
+
+
+def chat_generation_config(special_ids: dict[str, int] | None = None) -> dict[str, Any]:
+    """generation_config.json for a chat model: generation stops at the assistant's end token."""
+    ids = special_ids or gpt2_special_ids()
+    return {"bos_token_id": ids[BOS], "eos_token_id": ids[role_tokens("assistant")[1]], "pad_token_id": ids[BOS]}
+
+
+def _tokenizer_json(vocab: dict[str, int], merges: list[str], added: dict[int, str]) -> dict[str, Any]:
+    """A `tokenizers` byte-level BPE equal to GPT-2's (no prefix space, offsets untrimmed), with the added tokens."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": i, **_token_flags(text)} for i, text in sorted(added.items())],
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": byte_level,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: missing or not JSON ({e}); write the GPT-2 tokenizer files first") from None
+
+
+def _read_merges(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.strerror}); write the GPT-2 tokenizer files first") from None
+    return (
+        [line for line in lines[1:] if line] if lines and lines[0].startswith("#version") else [x for x in lines if x]
+    )
+
+
+def _write_json(path: str, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, ensure_ascii=False)
+        fh.write("\n")
