@@ -11,9 +11,14 @@ SHAKESPEARE ?= $(wildcard $(SHARED)/tinyshakespeare/input.txt)
 
 .PHONY: demo test install lint chromium clean
 
+# the demo needs gptforge alone (torch, numpy, tiktoken, tqdm, rustbpe); the tests also need the [test] extra
 $(BIN)/gptforge: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test-extra: $(BIN)/gptforge
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@
 
@@ -24,7 +29,7 @@ demo: install
 	$(BIN)/gptforge train config/train_shakespeare_char_cpu.py
 	$(BIN)/gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=300
 
-lint: install
+lint: $(VENV)/.test-extra
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 
@@ -32,7 +37,7 @@ lint: install
 chromium:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
-test: lint chromium
+test: lint chromium $(VENV)/.test-extra
 	$(BIN)/python -m pytest
 
 clean:

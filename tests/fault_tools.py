@@ -36,13 +36,18 @@ def child_env() -> dict[str, str]:
 
 
 class Child:
-    """One `python -m gptforge train ARGS` process; its stdout lines arrive, in order, on a queue."""
+    """One `python -m gptforge train ARGS` process; its stdout lines arrive, in order, on a queue. `preamble`:
+    Python run in the process before the command (a test's fault seam), which then runs as `gptforge train ARGS`."""
 
-    def __init__(self, args: list[str], cwd: Path | None = None):
+    def __init__(self, args: list[str], cwd: Path | None = None, preamble: str | None = None):
         self.args = args
         self.started = time.monotonic()
+        command = [sys.executable, "-m", "gptforge", "train"]
+        if preamble:
+            runner = "\nfrom gptforge.cli.main import main\nmain(['train', *__import__('sys').argv[1:]])\n"
+            command = [sys.executable, "-c", preamble + runner]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gptforge", "train", *args],
+            [*command, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -10,4 +10,6 @@ from gptforge.model.gpt import GPT, GPTConfig
 
 def tiny_gpt(block_size: int = 64, vocab_size: int = 50257, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=block_size, vocab_size=vocab_size)).eval()
+    return GPT(
+        GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=block_size, vocab_size=vocab_size, bias=True)
+    ).eval()

@@ -14,14 +14,8 @@ import torch
 from conftest import run_cli, tiny_train_args
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
-from gptforge.weights.checkpoint import (
-    capture_rng,
-    derived_seed,
-    load_checkpoint,
-    load_resumable,
-    restore_run_state,
-    save_checkpoint,
-)
+from gptforge.train.runstate import capture_rng, derived_seed, restore_run_state
+from gptforge.weights.checkpoint import load_checkpoint, load_resumable, save_checkpoint
 
 RUN = dict(max_iters=10, lr_decay_iters=20, warmup_iters=5, eval_interval=5, resume="auto")
 
@@ -47,19 +41,20 @@ def test_an_empty_out_dir_starts_a_new_run_as_init_from_says(char_data, tmp_path
 
 
 def test_a_finished_run_is_left_as_it_is(char_data, tmp_path):
-    """The requeue of a job whose run had ended: it says so, trains nothing and writes no checkpoint."""
+    """The requeue of a job whose run had ended: it says so first, trains nothing and leaves every file of the
+    folder byte for byte as it was (metrics.jsonl keeps its final evaluation and `end` record, log.txt its last
+    val line, config.json is not rewritten)."""
     out = tmp_path / "run"
     args = tiny_train_args(char_data, out, **RUN)
     assert run_cli("train", *args, cwd=tmp_path).returncode == 0
-    checkpoint = digests(out)["ckpt.pt"]
+    before = digests(out)
+    assert {"ckpt.pt", "config.json", "metrics.jsonl", "log.txt"} <= set(before)
     r = run_cli("train", *args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == (
-        f"resume=auto: resuming {out} from iter 10 ({out / 'ckpt.pt'}) (the newest readable checkpoint)"
-    )
-    assert f"resume=auto: the run in {out} is finished (iter 10 of max_iters 10); nothing to do" in r.stdout
-    assert "iter 0: loss" not in r.stdout and "saved checkpoint" not in r.stdout
-    assert digests(out)["ckpt.pt"] == checkpoint
+    assert r.stdout.splitlines() == [
+        f"resume=auto: the run in {out} is finished (iter 10 of max_iters 10); nothing to do"
+    ]
+    assert digests(out) == before
 
 
 def test_a_damaged_ckpt_pt_resumes_from_the_good_step_checkpoint_exactly(char_data, tmp_path):
@@ -70,8 +65,8 @@ def test_a_damaged_ckpt_pt_resumes_from_the_good_step_checkpoint_exactly(char_da
     assert run_cli("train", *tiny_train_args(char_data, whole, **full), cwd=tmp_path).returncode == 0
     first = tiny_train_args(char_data, split, **{**full, "max_iters": 10})
     assert run_cli("train", *first, cwd=tmp_path).returncode == 0
-    assert sorted(p.name for p in split.glob("*.pt")) == ["ckpt.pt", "ckpt_best.pt", "model_00005.pt", "model_00009.pt"]
-    (split / "model_00009.pt").unlink()
+    assert sorted(p.name for p in split.glob("*.pt")) == ["ckpt.pt", "ckpt_best.pt", "model_00005.pt", "model_00010.pt"]
+    (split / "model_00010.pt").unlink()
     (split / "ckpt_best.pt").unlink()
     (split / "ckpt.pt").write_bytes((split / "ckpt.pt").read_bytes()[:5000])  # torn
     r = run_cli("train", *tiny_train_args(char_data, split, **full), cwd=tmp_path)
@@ -122,6 +117,15 @@ def test_auto_takes_the_newest_checkpoint_and_init_from_resume_keeps_ckpt_pt(tmp
         load_resumable(str(tmp_path / "empty"), newest=True)
 
 
+def test_a_last_step_checkpoint_under_its_old_name_is_still_the_newest(tmp_path):
+    """Before, the last step checkpoint was named for the step taken (model_00019.pt holding iteration 20); such a
+    file beside an older ckpt.pt is still found as the newest."""
+    fake_checkpoint(tmp_path / "ckpt.pt", 15)
+    fake_checkpoint(tmp_path / "model_00019.pt", 20)
+    ckpt, path, problems = load_resumable(str(tmp_path), newest=True)
+    assert (path, ckpt["iter_num"], problems) == (str(tmp_path / "model_00019.pt"), 20, [])
+
+
 def draws() -> tuple[float, float, tuple[float, ...]]:
     return random.random(), float(np.random.rand()), tuple(torch.rand(3).tolist())
 
@@ -140,7 +144,7 @@ def test_another_world_size_re_derives_every_ranks_streams(tmp_path):
         assert restore_run_state(ckpt, DistEnv(rank=rank, world_size=2), None, seed=1337) == ""
         saved_draws.append(draws())
     for rank, state in enumerate(streams):  # the reference: the saved state itself
-        from gptforge.weights.checkpoint import restore_rng
+        from gptforge.train.runstate import restore_rng
 
         restore_rng(state)
         assert draws() == saved_draws[rank]

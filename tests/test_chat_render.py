@@ -166,10 +166,10 @@ def random_conversation(rng: random.Random) -> list[dict]:
 @pytest.fixture(scope="module")
 def hf_tokenizer(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
-    from gptforge.weights.export import write_gpt2_tokenizer
+    from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 
     folder = tmp_path_factory.mktemp("gpt2-chat")
-    write_gpt2_tokenizer(str(folder))
+    GPT2Tokenizer().save(str(folder))
     add_chat_tokens_to_hf_folder(str(folder))
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
     assert tokenizer.is_fast, "return_assistant_tokens_mask needs token offsets: a fast tokenizer"

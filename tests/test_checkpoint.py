@@ -12,6 +12,7 @@ import torch
 from gptforge.core.errors import UserError
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.optim import configure_optimizer
+from gptforge.train import runstate
 from gptforge.weights import checkpoint as ck
 
 ARGS = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, bias=False, vocab_size=20)
@@ -40,7 +41,7 @@ def test_round_trip_with_weights_only(tmp_path):
         "iter_num": 3,
         "best_val_loss": 2.5,
         "config": {"dataset": "x", "lr": 0.1},
-        "rng": ck.capture_rng(),
+        "rng": runstate.capture_rng(),
         "format_version": ck.FORMAT_VERSION,
     }
     ck.save_checkpoint(path, state)
@@ -151,9 +152,9 @@ def test_checkpoint_of_another_shape_is_named(tmp_path):
 
 
 def test_rng_capture_restores_every_generator():
-    state = ck.capture_rng()
+    state = runstate.capture_rng()
     a = (random.random(), np.random.rand(), torch.rand(3))
-    ck.restore_rng(state)
+    runstate.restore_rng(state)
     b = (random.random(), np.random.rand(), torch.rand(3))
     assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
 

@@ -30,11 +30,11 @@ def test_an_evaluation_writes_ckpt_pt_and_the_best_when_it_improved():
     assert at(10) is None  # no evaluation at this step, no interval: nothing
 
 
-def test_step_checkpoints_every_interval_and_at_the_last_step_named_for_the_last_step_taken():
+def test_step_checkpoints_every_interval_and_at_the_last_step_named_for_the_iteration_they_hold():
     assert at(50, ckpt_interval=25) == Save(False, False, 50, "ckpt_interval")
     assert at(60, ckpt_interval=25) is None
-    assert at(100, ckpt_interval=25, evaluated=True) == Save(True, False, 99, "always_save_checkpoint")
-    assert at(100, ckpt_interval=30) == Save(False, False, 99, "ckpt_interval")  # 100 is no multiple of 30
+    assert at(100, ckpt_interval=25, evaluated=True) == Save(True, False, 100, "always_save_checkpoint")
+    assert at(100, ckpt_interval=30) == Save(False, False, 100, "ckpt_interval")  # 100 is no multiple of 30
     assert at(0, ckpt_interval=25) is None  # step 0 is the start: nothing trained yet
     assert at(100, ckpt_interval=0, evaluated=True, always_save=False) is None
 

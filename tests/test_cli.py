@@ -292,7 +292,7 @@ def test_sample_and_export_read_a_checkpoint_file_given_by_ckpt(char_data, tmp_p
     options = ["--start=All:", "--num_samples=2", "--max_new_tokens=20", "--device=cpu"]
     from_run = run_cli("sample", f"--out_dir={run}", *options, cwd=tmp_path)
     assert from_run.returncode == 0, from_run.stderr
-    kept = tmp_path / "kept" / "model_00009.pt"
+    kept = tmp_path / "kept" / "model_00010.pt"
     kept.parent.mkdir()
     shutil.copy(run / "ckpt.pt", kept)
     shutil.rmtree(run)
@@ -321,7 +321,7 @@ def test_sample_and_export_read_a_checkpoint_file_given_by_ckpt(char_data, tmp_p
 
 def test_build_nanogpt_command_from_the_issue(char_data, tmp_path):
     """build-nanogpt's flags as its users type them: 10 steps (2 epochs of 5), accumulation 2 (256 tokens per
-    step / (4 x 32)), log.txt in its format and the step checkpoint of the last step, model_00009.pt (--logdir
+    step / (4 x 32)), log.txt in its format and the step checkpoint of the last step, model_00010.pt (--logdir
     brings build-nanogpt's layout: ckpt_interval 5000), which sample reads with --ckpt."""
     base = tiny_train_args(
         char_data,
@@ -366,10 +366,10 @@ def test_build_nanogpt_command_from_the_issue(char_data, tmp_path):
     log = (tmp_path / "L" / "log.txt").read_text().splitlines()
     assert [int(line.split()[0]) for line in log if " train " in line] == list(range(10))
     assert [line.split()[0] for line in log if " val " in line] == ["0", "5", "10"]
-    ckpt = tmp_path / "L" / "model_00009.pt"
+    ckpt = tmp_path / "L" / "model_00010.pt"
     from gptforge.weights.checkpoint import load_checkpoint
 
     assert load_checkpoint(str(ckpt))["iter_num"] == 10
-    assert sorted(p.name for p in (tmp_path / "L").glob("model_*.pt")) == ["model_00009.pt"]  # --logdir: every 5000
+    assert sorted(p.name for p in (tmp_path / "L").glob("model_*.pt")) == ["model_00010.pt"]  # --logdir: every 5000
     s = run_cli("sample", f"--ckpt={ckpt}", "--num_samples=1", "--max_new_tokens=8", "--device=cpu", cwd=tmp_path)
     assert s.returncode == 0 and s.stdout.count("---------------") == 1, s.stderr

@@ -100,7 +100,8 @@ def test_fsdp_matches_one_process_and_its_checkpoint_loads_in_one_process(char_d
     assert max(abs(a - b) for a, b in zip(one, two, strict=True)) < 1e-4, (one, two)
 
     # the gathered checkpoint holds whole tensors: it loads and samples in one plain process
-    from gptforge.weights.checkpoint import load_checkpoint, load_checkpoint_model
+    from gptforge.weights.checkpoint import load_checkpoint
+    from gptforge.weights.load import load_checkpoint_model
 
     ckpt = load_checkpoint(str(fsdp / "ckpt.pt"))
     assert ckpt["optimizer_format"] == "fqn" and ckpt["iter_num"] == 6

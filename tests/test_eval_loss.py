@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import run_cli, tiny_train_args
 from gptforge.data.loader import RandomBatches
 from gptforge.data.prepare import prepare
-from gptforge.weights.checkpoint import load_checkpoint_model
+from gptforge.weights.load import load_checkpoint_model
 
 
 def reference_loss(ckpt_path, bin_path, batch, block, iters, seed) -> float:

@@ -9,6 +9,7 @@ import torch
 
 from conftest import run_cli, tiny_train_args, whole_and_resumed
 from fault_campaign import run_campaign
+from gptforge.infer.engine import generate
 from gptforge.model.muon import orthogonalize
 from gptforge.weights.checkpoint import load_checkpoint
 from test_faults import check_campaign
@@ -64,8 +65,8 @@ def test_a_resumed_muon_run_on_the_gpu_equals_an_uninterrupted_one(char_data, tm
 def test_generation_with_the_cache_equals_recomputation_on_the_gpu():
     model = tiny(**{**ALL_ON, "zero_init": False}).cuda().eval()
     prompt = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(4)).cuda()
-    cached = model.generate(prompt, 40, temperature=0, use_cache=True)
-    plain = model.generate(prompt, 40, temperature=0, use_cache=False)
+    cached = generate(model, prompt, 40, temperature=0, use_cache=True)
+    plain = generate(model, prompt, 40, temperature=0, use_cache=False)
     assert torch.equal(cached, plain)
 
 

@@ -84,7 +84,7 @@ def test_cli_one_process_and_two_torchrun_ranks_agree(tmp_path, tiktoken_cache, 
     assert parse_result(torchrun.stdout) == (n, correct, correct_norm)
     assert "2 process(es)" in torchrun.stderr
 
-    from gptforge.weights.checkpoint import load_checkpoint_model
+    from gptforge.weights.load import load_checkpoint_model
 
     model, tok, _ = load_checkpoint_model(str(out / "ckpt.pt"), "cpu")
     result = hs.evaluate_hellaswag(model, tok, hs.load_examples(str(hellaswag_path), 30), "cpu", progress=False)
@@ -109,7 +109,7 @@ def test_cli_scores_a_checkpoint_file_given_by_ckpt(tmp_path, tiktoken_cache, he
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr
-    from gptforge.weights.checkpoint import load_checkpoint_model
+    from gptforge.weights.load import load_checkpoint_model
 
     model, tok, _ = load_checkpoint_model(str(moved), "cpu")
     result = hs.evaluate_hellaswag(model, tok, hs.load_examples(str(hellaswag_path), 8), "cpu", progress=False)

@@ -11,21 +11,47 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gptforge"
 # imports flow one way and there are no cycles. docs/ARCHITECTURE.md "Imports flow one way" names the groups.
 GROUPS = [
     ("core.errors", "core.console", "core.files", "core.allocator"),  # standard library only
-    ("core.aliases", "core.config", "core.device", "core.distributed"),  # settings; where and how it runs
+    (
+        "core.settings",
+        "core.shape",
+        "core.aliases",
+        "core.config_file",
+        "core.config",
+    ),  # settings, the model's shape: no torch
+    ("core.memory", "core.device", "core.distributed"),  # what it needs, where and how it runs
     ("model.layers", "model.gpt", "model.muon", "model.optim"),  # the network and its optimizers
-    ("tokenizer.specials", "tokenizer.char", "tokenizer.gpt2", "tokenizer.spec"),  # vocabularies
-    ("data", "data.sources", "data.loader", "data.prepare", "data.shards"),  # datasets in, batches out
-    ("weights.pretrained", "weights.checkpoint", "weights.export"),  # weights in and out of files
-    ("infer.sample",),  # using a model
+    (
+        "tokenizer.specials",
+        "tokenizer.hf_format",
+        "tokenizer.char",
+        "tokenizer.gpt2",
+        "tokenizer.bpe",
+        "tokenizer.spec",
+    ),
+    ("chat.conversations", "chat.render", "chat.synthetic", "chat.template", "chat.pack", "chat.prepare"),  # chat data
+    ("data", "data.sources", "tokenizer.train"),  # documents in (and the tokenizer trained on them)
+    ("data.loader", "data.prepare", "data.shards", "data.command"),  # datasets in, batches out
+    ("weights.checkpoint", "weights.pretrained", "weights.load", "weights.export"),  # weights in and out of files
+    ("infer.options", "infer.engine", "infer.sample"),  # using a model
     ("evaluate.loss", "evaluate.hellaswag", "evaluate.harness_model", "evaluate.harness"),  # measuring a model
-    ("train.memory", "train.metrics", "train.resume", "train.checkpointer", "train.setup", "train.loop"),  # a run
+    ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),
+    ("train.start", "train.setup", "train.loop"),
     ("bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
     ("cli.args", "cli.main"),  # the command line; nothing imports it
 ]
-STAGES = ["core", "model", "tokenizer", "data", "weights", "infer", "evaluate", "train", "bench", "cli"]
+STAGES = ["core", "model", "tokenizer", "chat", "data", "weights", "infer", "evaluate", "train", "bench", "cli"]
 ORDER = [name for group in GROUPS for name in group]
-DASHBOARD_MAY_USE = {"core.errors", "core.files", "core.config", "core.aliases"}  # no torch: it starts at once
-EXTRA = {"train.setup": {"dashboard"}, "cli.main": {"dashboard"}}  # train's dashboard=True; `gptforge dashboard`
+# the dashboard imports no torch: it starts at once
+DASHBOARD_MAY_USE = {
+    "core.errors",
+    "core.files",
+    "core.config",
+    "core.config_file",
+    "core.aliases",
+    "core.settings",
+    "core.shape",
+}
+EXTRA = {"train.metrics": {"dashboard"}, "cli.main": {"dashboard"}}  # train's dashboard=True; `gptforge dashboard`
 
 
 def package_imports(path: Path) -> set[str]:

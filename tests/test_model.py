@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gptforge.infer.engine import generate
 from gptforge.model.gpt import GPT, GPTConfig
 
 
@@ -166,17 +167,17 @@ def test_crop_block_size():
 def test_generate_shapes_context_crop_and_seeded_determinism():
     model = tiny().eval()
     idx = torch.randint(0, 37, (2, 5))
-    out = model.generate(idx, 30, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(3))
+    out = generate(model, idx, 30, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(3))
     assert out.shape == (2, 35) and torch.equal(out[:, :5], idx)  # 35 > block_size 16: context was cropped
-    again = model.generate(idx, 30, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(3))
+    again = generate(model, idx, 30, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(3))
     assert torch.equal(out, again)
 
 
 def test_generate_greedy_and_top_k_1_agree_with_argmax():
     model = tiny().eval()
     idx = torch.randint(0, 37, (1, 4))
-    greedy = model.generate(idx, 6, temperature=0)
-    top1 = model.generate(idx, 6, temperature=1.0, top_k=1)
+    greedy = generate(model, idx, 6, temperature=0)
+    top1 = generate(model, idx, 6, temperature=1.0, top_k=1)
     assert torch.equal(greedy, top1)
     logits, _ = model(idx)
     assert greedy[0, 4].item() == logits[0, -1].argmax().item()
@@ -196,10 +197,10 @@ def test_estimate_mfu_matches_flop_formula():
 def test_cached_and_uncached_generation_give_identical_tokens(prompt_len, new, window):
     model = tiny().eval()
     idx = torch.randint(0, 37, (3, prompt_len))
-    greedy = [model.generate(idx, new, temperature=0, use_cache=c, window=window) for c in (True, False)]
+    greedy = [generate(model, idx, new, temperature=0, use_cache=c, window=window) for c in (True, False)]
     assert torch.equal(greedy[0], greedy[1])
     seeded = [
-        model.generate(idx, new, 1.0, 10, generator=torch.Generator().manual_seed(5), use_cache=c, window=window)
+        generate(model, idx, new, 1.0, 10, generator=torch.Generator().manual_seed(5), use_cache=c, window=window)
         for c in (True, False)
     ]
     assert torch.equal(seeded[0], seeded[1])
@@ -222,7 +223,7 @@ def test_kv_cache_steps_match_the_full_forward():
 
 
 def test_top_p_and_stop_token():
-    from gptforge.model.gpt import sample_next
+    from gptforge.infer.engine import sample_next
 
     logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]])  # probabilities ~0.72, 0.26, 0.013, 0.005
     g = torch.Generator().manual_seed(0)
@@ -235,11 +236,11 @@ def test_top_p_and_stop_token():
 
     model = tiny().eval()
     idx = torch.randint(0, 37, (2, 3))
-    first = model.generate(idx, 1, temperature=0)[:, -1]  # each row's greedy next token
-    out = model.generate(idx, 20, temperature=0, stop_token=int(first[0]))
+    first = generate(model, idx, 1, temperature=0)[:, -1]  # each row's greedy next token
+    out = generate(model, idx, 20, temperature=0, stop_token=int(first[0]))
     assert out[0, 3].item() == first[0].item()  # row 0 stops at once ...
     assert (out[0, 3:] == first[0]).all()  # ... and is padded with the stop token
-    alone = model.generate(idx[:1], 20, temperature=0, stop_token=int(first[0]))
+    alone = generate(model, idx[:1], 20, temperature=0, stop_token=int(first[0]))
     assert alone.shape == (1, 4)  # every row has stopped: generation ends early
 
 
@@ -248,7 +249,7 @@ def test_generation_leaves_the_global_rng_alone():
     torch.manual_seed(9)
     expected = torch.rand(3)
     torch.manual_seed(9)
-    model.generate(torch.zeros(1, 2, dtype=torch.long), 5, generator=torch.Generator().manual_seed(1))
+    generate(model, torch.zeros(1, 2, dtype=torch.long), 5, generator=torch.Generator().manual_seed(1))
     assert torch.equal(torch.rand(3), expected)
 
 

@@ -5,6 +5,7 @@ float64, and a run with all of them trained, resumed, sampled and exported throu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -13,9 +14,10 @@ import torch
 
 import gptforge.model.gpt as model_module
 from conftest import run_cli, whole_and_resumed
-from gptforge.core.config import MODEL_SWITCHES
 from gptforge.core.errors import UserError
-from gptforge.model.gpt import GPT, SWITCHES, GPTConfig
+from gptforge.core.shape import SWITCHES
+from gptforge.infer.engine import generate
+from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.layers import KVCache, apply_rotary, rotary_angles
 from gptforge.weights.export import export_hf
 
@@ -25,10 +27,6 @@ ALL_ON = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untie_head=Tr
 def tiny(**kw) -> GPT:
     torch.manual_seed(0)
     return GPT(GPTConfig(**{**dict(block_size=32, vocab_size=37, n_layer=2, n_head=2, n_embd=32, bias=False), **kw}))
-
-
-def test_the_config_and_the_model_name_the_same_switches():
-    assert set(MODEL_SWITCHES) == set(SWITCHES)
 
 
 def test_rotary_matches_a_float64_rotation():
@@ -92,8 +90,8 @@ def test_each_switch_on_does_what_it_says():
 def test_generation_with_the_cache_equals_recomputation_with_every_switch_on():
     model = tiny(**{**ALL_ON, "zero_init": False}).eval()  # zero projections would make every layer an identity
     prompt = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(4))
-    cached = model.generate(prompt, 40, temperature=0, use_cache=True)
-    plain = model.generate(prompt, 40, temperature=0, use_cache=False)
+    cached = generate(model, prompt, 40, temperature=0, use_cache=True)
+    plain = generate(model, prompt, 40, temperature=0, use_cache=False)
     assert torch.equal(cached, plain)
 
 
@@ -114,18 +112,18 @@ def test_the_stream_window_is_sliding_window_attention_over_the_whole_text(monke
     model = tiny(**{**ALL_ON, "zero_init": False}).double().eval()  # block_size 32
     prompt = torch.randint(0, 37, (2, 6), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
-        text = model.generate(prompt, 70, temperature=0, window="stream")  # 76 tokens: the ring wraps twice
+        text = generate(model, prompt, 70, temperature=0, window="stream")  # 76 tokens: the ring wraps twice
         cache, steps = KVCache(model.config.n_layer, 32, ring=True), []
         steps.append(model(text[:, :6], cache=cache)[0])
         steps += [model(text[:, t : t + 1], cache=cache)[0] for t in range(6, 75)]
         assert cache.length == 32 and cache.position == 75
         monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", banded_attention(32))
-        model.config.block_size = 76  # rotary: no position table, block_size is only a check
+        model.config = dataclasses.replace(model.config, block_size=76)  # rotary: block_size is only a check
         reference = model.logits(model.hidden_states(text[:, :-1]))  # (2, 75, V), absolute positions
     torch.testing.assert_close(torch.cat(steps, 1), reference[:, 5:], rtol=0, atol=1e-10)
     assert torch.equal(text[:, 6:], reference[:, 5:].argmax(-1))
     with pytest.raises(ValueError, match="needs a rotary model"):
-        tiny().generate(prompt, 40, window="stream")
+        generate(tiny(), prompt, 40, window="stream")
 
 
 def test_a_run_with_every_switch_trains_resumes_exactly_and_exports_as_nanochat(char_data, tmp_path):
@@ -157,7 +155,7 @@ def test_nanochat_shaped_models_export_to_transformers_nanochat_with_equal_logit
         torch.testing.assert_close(theirs(idx).logits, model(idx, idx)[0], rtol=0, atol=1e-5)
         prompt = idx[:1, :4]
         hf_text = theirs.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)
-    assert torch.equal(hf_text, model.generate(prompt, 20, temperature=0))
+    assert torch.equal(hf_text, generate(model, prompt, 20, temperature=0))
 
 
 @pytest.mark.parametrize("switches", [dict(rotary=True), dict(rmsnorm=True, relu2=True), {**ALL_ON, "bias": True}])

@@ -14,7 +14,9 @@ import transformers  # the [hf] extra; the [test] extra installs it
 from conftest import SHARED, need_shared, run_cli
 from gptforge.core.config import GPT2_NAMES
 from gptforge.core.errors import UserError
-from gptforge.model.gpt import GPT, SWITCHES, GPTConfig
+from gptforge.core.shape import SWITCHES
+from gptforge.infer.engine import generate
+from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.weights.checkpoint import save_checkpoint
 from gptforge.weights.export import export_hf
 from gptforge.weights.pretrained import load_pretrained
@@ -211,17 +213,18 @@ def test_exported_tokenizer_is_openais_and_the_pipeline_generates(bpe_export):
     prompt = "To be, or not to be"
     pipe = transformers.pipeline("text-generation", model=str(folder), device="cpu")
     out = pipe(prompt, max_new_tokens=6, do_sample=False)[0]["generated_text"]
-    ours = model.generate(torch.tensor([tok.encode(prompt)]), max_new_tokens=6, temperature=0)[0].tolist()
+    ours = generate(model, torch.tensor([tok.encode(prompt)]), max_new_tokens=6, temperature=0)[0].tolist()
     assert out == tok.decode(ours) and len(ours) == len(tok.encode(prompt)) + 6  # greedy: the same tokens
 
 
-def test_export_char_model_has_no_tokenizer_and_force_rules(tmp_path):
+def test_export_char_model_carries_its_vocabulary_and_force_rules(tmp_path):
     itos = list("\n !abcdefghijklmnopqrstuvwxyz")
     model, folder = tiny_gpt(bias=False, vocab_size=len(itos)), tmp_path / "hf"
     folder.mkdir()  # an existing empty folder is fine
-    notes = export_hf(model, str(folder), {"tokenizer": "char", "itos": itos})
-    assert any("no Hugging Face tokenizer" in n for n in notes)
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    export_hf(model, str(folder), {"tokenizer": "char", "itos": itos})
+    tokenizer_files = ["gptforge_tokenizer.json", "tokenizer.json", "tokenizer_config.json"]
+    model_files = ["config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(model_files + tokenizer_files)
     config = json.loads((folder / "config.json").read_text())
     assert config["vocab_size"] == len(itos) and config["eos_token_id"] is None
     idx = torch.randint(0, len(itos), (1, 20), generator=torch.Generator().manual_seed(7))
@@ -275,7 +278,7 @@ def test_cli_export(tmp_path, tiktoken_cache):
     save_run(tmp_path / "char", tiny_gpt(bias=True, vocab_size=len(itos)), {"tokenizer": "char", "itos": itos})
     r = run_cli("export", "--ckpt=char/ckpt.pt", "--to=hf", "--force", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "no Hugging Face tokenizer exists for this model's tokenizer ('char')" in r.stderr
+    assert "tokens: one per character (5 characters; tokenizer.json, AutoTokenizer loads it)" in r.stdout
     assert json.loads((tmp_path / "hf/config.json").read_text())["vocab_size"] == 5
     assert not (tmp_path / "hf/merges.txt").exists()
 

@@ -16,6 +16,7 @@ import torch
 
 from conftest import run_cli, tiny_train_args
 from gptforge.core.config import load_config
+from gptforge.core.files import remove_stale_temporaries
 from gptforge.train.loop import train
 from gptforge.weights import checkpoint as ck
 
@@ -44,15 +45,15 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 
 def test_step_checkpoints_best_and_rotation(char_data, tmp_path):
-    """ckpt_interval=5 over 20 steps: model_00005/10/15 and model_00019 (the last step, final weights); keep_last=2
+    """ckpt_interval=5 over 20 steps: model_00005/10/15 and model_00020 (the last step, final weights); keep_last=2
     leaves the newest two; ckpt_best.pt is the evaluation with the lowest val loss."""
     out = tmp_path / "run"
     run(char_data, out, max_iters=20, eval_interval=5, ckpt_interval=5, keep_last=2)
     names = sorted(n for n in os.listdir(out) if n.endswith(".pt"))
-    assert names == ["ckpt.pt", "ckpt_best.pt", "model_00015.pt", "model_00019.pt"]
+    assert names == ["ckpt.pt", "ckpt_best.pt", "model_00015.pt", "model_00020.pt"]
     latest = ck.load_checkpoint(str(out / "ckpt.pt"))
     assert ck.load_checkpoint(str(out / "model_00015.pt"))["iter_num"] == 15
-    assert_same_weights(ck.load_checkpoint(str(out / "model_00019.pt")), latest)  # the last one: after every step
+    assert_same_weights(ck.load_checkpoint(str(out / "model_00020.pt")), latest)  # the last one: after every step
     evals = [r for r in records(out, "eval") if r["step"] > 0]
     best_step = min(evals, key=lambda r: r["val_loss"])["step"]
     best = ck.load_checkpoint(str(out / "ckpt_best.pt"))
@@ -63,7 +64,7 @@ def test_step_checkpoints_best_and_rotation(char_data, tmp_path):
     assert sorted(n for n in os.listdir(every) if n.startswith("model_")) == [
         "model_00004.pt",
         "model_00008.pt",
-        "model_00011.pt",
+        "model_00012.pt",
     ]
 
 
@@ -77,7 +78,7 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(char_data, tmp_path
     for name in ("ckpt.pt", "ckpt_best.pt"):
         data = (out / name).read_bytes()
         (out / name).write_bytes(data[: len(data) // 2])  # torn, as a failing disk or a partial copy leaves it
-    (out / "model_00014.pt").write_text("not a checkpoint")
+    (out / "model_00015.pt").write_text("not a checkpoint")
     r = run_cli("train", *tiny_train_args(char_data, out, **common, init_from="resume"))
     assert r.returncode == 0, r.stderr
     assert "cannot read checkpoint" in r.stdout and str(out / "ckpt.pt") in r.stdout
@@ -88,12 +89,12 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(char_data, tmp_path
 def test_resume_with_no_readable_checkpoint_names_them_all(char_data, tmp_path):
     out = tmp_path / "run"
     run(char_data, out, max_iters=5, eval_interval=5, ckpt_interval=5)
-    for name in ("ckpt.pt", "ckpt_best.pt", "model_00004.pt"):
+    for name in ("ckpt.pt", "ckpt_best.pt", "model_00005.pt"):
         (out / name).write_bytes(b"\0" * 100)
     before = digest(out)
     r = run_cli("train", *tiny_train_args(char_data, out, max_iters=8, init_from="resume"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    for name in ("ckpt.pt", "ckpt_best.pt", "model_00004.pt"):
+    for name in ("ckpt.pt", "ckpt_best.pt", "model_00005.pt"):
         assert str(out / name) in r.stderr
     assert "--init_from=scratch" in r.stderr
     assert digest(out) == before  # nothing was touched
@@ -107,7 +108,7 @@ def test_temporary_files_of_killed_writers_are_removed(char_data, tmp_path):
     live = out / f".ckpt.pt.{os.getpid()}.tmp"  # a live process's: maybe still writing, left alone
     dead.write_bytes(b"partial")
     live.write_bytes(b"partial")
-    assert ck.remove_stale_temporaries(str(out)) == [dead.name]
+    assert remove_stale_temporaries(str(out)) == [dead.name]
     assert live.exists() and not dead.exists()
     dead.write_bytes(b"partial")
     run(char_data, out, max_iters=2)
@@ -224,7 +225,7 @@ def test_a_full_disk_under_the_metrics_files_is_a_clear_error(tmp_path):
 
     m = Metrics(str(tmp_path))
     m.jsonl.close()
-    m.jsonl = open("/dev/full", "w")
+    m.jsonl.fh = open("/dev/full", "w")
     with pytest.raises(UserError, match="No space left on device; free space or choose another --out_dir"):
         m.log(3, "train", loss=2.0, lr=1e-3, ms_per_iter=1.0)
     m.close()

@@ -8,11 +8,33 @@ import hashlib
 import torch
 
 from conftest import run_cli, tiny_train_args
+from fault_tools import CHILD_TIMEOUT, Child
 from gptforge.weights.checkpoint import load_checkpoint
 
 # settings far from the defaults (40 accumulation steps, 12 x 1024, warmup 2000...), so a resume that fell
 # back to the defaults could not go unnoticed
 RUN = dict(max_iters=10, lr_decay_iters=20, warmup_iters=5, eval_interval=5)
+
+
+# Ctrl-C at step 5, sent by the run to itself: it stops at the next step's head with ckpt.pt (iter 6), as a user's
+# Ctrl-C or a preemption leaves a run that has not reached its max_iters
+INTERRUPT_AT_5 = """
+import os, signal
+import gptforge.train.metrics as metrics
+real_log = metrics.Metrics.log
+def log(self, step, kind, **values):
+    real_log(self, step, kind, **values)
+    if kind == "train" and step == 5:
+        os.kill(os.getpid(), signal.SIGINT)
+metrics.Metrics.log = log
+"""
+
+
+def stopped_run(char_data, out) -> None:
+    child = Child(tiny_train_args(char_data, out, **RUN), preamble=INTERRUPT_AT_5)
+    child.wait_for(lambda line: False, child.started + CHILD_TIMEOUT)
+    assert child.finish(timeout=60) == 0, child.stderr_text()
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 6
 
 
 def digest(path) -> str:
@@ -21,12 +43,12 @@ def digest(path) -> str:
 
 def test_a_bare_resume_continues_with_the_runs_own_settings(char_data, tmp_path):
     out = tmp_path / "run"
-    r = run_cli("train", *tiny_train_args(char_data, out, **RUN), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    stopped_run(char_data, out)
     r = run_cli("train", f"--out_dir={out}", "--init_from=resume", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     first = r.stdout.splitlines()[0]
-    assert first == f"resuming {out} from iter 10 ({out / 'ckpt.pt'})", r.stdout
+    assert first == f"resuming {out} from iter 6 ({out / 'ckpt.pt'})", r.stdout
+    assert "step 10: done (max_iters reached)" in r.stdout  # the run's own max_iters
     assert "changed from the run's config.json" not in r.stdout
     assert "tokens per iteration: 256 = 1 accumulation x 1 processes x 8 batch x 32 block" in r.stdout
     assert "device cpu, dtype float32, compile False" in r.stdout
@@ -52,11 +74,10 @@ def test_an_allowed_change_is_named_and_continues_exactly(char_data, tmp_path):
 def test_the_same_full_command_again_changes_nothing(char_data, tmp_path):
     """nanoGPT's habit: the command that started the run, plus --init_from=resume."""
     out = tmp_path / "run"
-    args = tiny_train_args(char_data, out, **RUN)
-    assert run_cli("train", *args, cwd=tmp_path).returncode == 0
-    r = run_cli("train", *args, "--init_from=resume", cwd=tmp_path)
+    stopped_run(char_data, out)
+    r = run_cli("train", *tiny_train_args(char_data, out, **RUN), "--init_from=resume", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(f"resuming {out} from iter 10")
+    assert r.stdout.startswith(f"resuming {out} from iter 6")
     assert "changed from the run's config.json" not in r.stdout
 
 

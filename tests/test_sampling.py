@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_train_args
-from gptforge.model.gpt import GPT, WINDOWS, GPTConfig
+from gptforge.infer.engine import generate
+from gptforge.infer.options import WINDOWS
+from gptforge.model.gpt import GPT, GPTConfig
 
 BLOCK = 16
 
@@ -52,10 +54,10 @@ def nanogpt_loop(
 def test_slide_greedy_equals_the_nanogpt_loop(use_cache, batch):
     model = tiny(scale=3.0)
     idx = torch.randint(0, 37, (batch, 5), generator=torch.Generator().manual_seed(batch))
-    out = model.generate(idx, 60, temperature=0, use_cache=use_cache, window="slide")
+    out = generate(model, idx, 60, temperature=0, use_cache=use_cache, window="slide")
     assert out.shape == (batch, 65)  # 65 > block_size 16: the window slid 49 times
     assert torch.equal(out, nanogpt_loop(model, idx, 60))
-    assert torch.equal(model.generate(idx, 60, temperature=0, use_cache=use_cache), out)  # 'slide' is the default
+    assert torch.equal(generate(model, idx, 60, temperature=0, use_cache=use_cache), out)  # 'slide' is the default
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -63,8 +65,8 @@ def test_slide_sampling_equals_the_nanogpt_loop_with_the_same_draws(use_cache):
     model = tiny(scale=2.0)
     idx = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(7))
     for temperature, top_k in [(1.0, None), (0.8, 10)]:
-        ours = model.generate(
-            idx, 60, temperature, top_k, generator=torch.Generator().manual_seed(11), use_cache=use_cache
+        ours = generate(
+            model, idx, 60, temperature, top_k, generator=torch.Generator().manual_seed(11), use_cache=use_cache
         )
         ref = nanogpt_loop(model, idx, 60, temperature, top_k, generator=torch.Generator().manual_seed(11))
         assert torch.equal(ours, ref), (temperature, top_k)
@@ -74,7 +76,7 @@ def test_slide_crops_a_prompt_longer_than_block_size():
     model = tiny(scale=3.0)
     idx = torch.randint(0, 37, (2, 20), generator=torch.Generator().manual_seed(1))
     for use_cache in (True, False):
-        assert torch.equal(model.generate(idx, 12, temperature=0, use_cache=use_cache), nanogpt_loop(model, idx, 12))
+        assert torch.equal(generate(model, idx, 12, temperature=0, use_cache=use_cache), nanogpt_loop(model, idx, 12))
 
 
 def forward_lengths(model: GPT, window: str, use_cache: bool = True) -> list[int]:
@@ -82,7 +84,7 @@ def forward_lengths(model: GPT, window: str, use_cache: bool = True) -> list[int
     lengths: list[int] = []
     handle = model.register_forward_pre_hook(lambda _module, args: lengths.append(args[0].size(1)))
     try:
-        model.generate(torch.zeros(1, 5, dtype=torch.long), 60, temperature=0, use_cache=use_cache, window=window)
+        generate(model, torch.zeros(1, 5, dtype=torch.long), 60, temperature=0, use_cache=use_cache, window=window)
     finally:
         handle.remove()
     return lengths
@@ -102,14 +104,14 @@ def test_slide_uses_the_cache_while_the_sequence_fits_then_runs_the_window():
 def test_half_equals_its_uncached_run_and_differs_from_slide(prompt_len):
     model = tiny(scale=3.0)
     idx = torch.randint(0, 37, (3, prompt_len), generator=torch.Generator().manual_seed(prompt_len))
-    half = [model.generate(idx, 60, temperature=0, use_cache=c, window="half") for c in (True, False)]
+    half = [generate(model, idx, 60, temperature=0, use_cache=c, window="half") for c in (True, False)]
     assert torch.equal(half[0], half[1])
     seeded = [
-        model.generate(idx, 60, 1.0, 10, generator=torch.Generator().manual_seed(5), use_cache=c, window="half")
+        generate(model, idx, 60, 1.0, 10, generator=torch.Generator().manual_seed(5), use_cache=c, window="half")
         for c in (True, False)
     ]
     assert torch.equal(seeded[0], seeded[1])
-    slide = model.generate(idx, 60, 1.0, 10, generator=torch.Generator().manual_seed(5))
+    slide = generate(model, idx, 60, 1.0, 10, generator=torch.Generator().manual_seed(5))
     fits = max(BLOCK, prompt_len) + 1  # the tokens predicted from one and the same context
     assert torch.equal(seeded[0][:, :fits], slide[:, :fits])
     assert not torch.equal(seeded[0], slide)  # then a shorter context: other tokens from the same draws
@@ -119,7 +121,7 @@ def test_unknown_window_is_refused_and_the_cli_offers_the_models_windows():
     from gptforge.cli.args import build_parser
 
     with pytest.raises(ValueError, match="window"):
-        tiny().generate(torch.zeros(1, 2, dtype=torch.long), 3, window="full")
+        generate(tiny(), torch.zeros(1, 2, dtype=torch.long), 3, window="full")
     args = build_parser().parse_args(["sample"])
     assert args.window == WINDOWS[0] == "slide"
     sample_parser = build_parser()._subparsers._group_actions[0].choices["sample"]
@@ -130,7 +132,7 @@ def test_unknown_window_is_refused_and_the_cli_offers_the_models_windows():
 def test_sample_cli_greedy_text_equals_the_nanogpt_loop(char_data, tmp_path):
     """`gptforge sample` on a trained checkpoint whose 16-token window fills: greedy text as nanoGPT's loop
     gives it (default window), and 'half' as generate(window='half') gives it."""
-    from gptforge.weights.checkpoint import load_checkpoint_model
+    from gptforge.weights.load import load_checkpoint_model
 
     run = tmp_path / "run"
     r = run_cli(
@@ -142,7 +144,7 @@ def test_sample_cli_greedy_text_equals_the_nanogpt_loop(char_data, tmp_path):
     idx = torch.tensor([tok.encode("First")], dtype=torch.long)  # (1, 5)
     expected = {
         "slide": tok.decode(nanogpt_loop(model, idx, 60)[0].tolist()),
-        "half": tok.decode(model.generate(idx, 60, temperature=0, window="half", use_cache=False)[0].tolist()),
+        "half": tok.decode(generate(model, idx, 60, temperature=0, window="half", use_cache=False)[0].tolist()),
     }
     assert expected["slide"] != expected["half"]  # the model is trained enough for its context to matter
     options = ["sample", f"--out_dir={run}", "--start=First", "--num_samples=1", "--max_new_tokens=60"]

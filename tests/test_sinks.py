@@ -49,10 +49,10 @@ def test_a_resumed_run_keeps_the_samples_of_earlier_steps(char_data, tmp_path):
         fh.write('{"step": 9, "prompt"')  # a line torn by a crash: dropped, as in metrics.jsonl
     run(char_data, tmp_path / "r", max_iters=16, lr_decay_iters=16, init_from="resume", **common)
     lines = (tmp_path / "r/samples.jsonl").read_text().splitlines(keepends=True)
-    # resumed at step 10: the lines of steps before it kept as they were, step 10's written again (it is no
-    # longer the last step, so no sample there now), then the new ones
-    assert lines[:2] == first[:2]
-    assert [json.loads(x)["step"] for x in lines] == [4, 8, 12, 16]
+    # resumed at step 10: every line the checkpoint covers kept as it was, step 10's too (the resumed run draws no
+    # sample there: it is no longer the last step), the torn one dropped, then the new ones
+    assert lines[:3] == first
+    assert [json.loads(x)["step"] for x in lines] == [4, 8, 10, 12, 16]
 
     # a run without samples resumed leaves none either
     run(char_data, tmp_path / "plain", max_iters=4, lr_decay_iters=8, eval_interval=4)
@@ -71,8 +71,8 @@ def test_metrics_creates_samples_jsonl_with_the_first_samples(tmp_path):
     m.close()
     rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [(r["step"], r["samples"]) for r in rows] == [(1, ["Ab", "Ac"]), (2, ["Ad"])]
-    # a fresh run in the same folder starts the samples over; resumed at step 2, the earlier ones stay
-    Metrics(str(tmp_path), resume_step=2).close()
+    # a fresh run in the same folder starts the samples over; resumed at step 1, those of steps after it go
+    Metrics(str(tmp_path), resume_step=1).close()
     assert [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1]
     Metrics(str(tmp_path)).close()
     assert (tmp_path / "samples.jsonl").read_text() == ""

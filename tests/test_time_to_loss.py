@@ -18,7 +18,7 @@ from conftest import run_cli, tiny_train_args
 from gptforge.bench.time_to_loss import SCREEN_EVERY, HeldOut
 from gptforge.data.loader import read_meta
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.weights.checkpoint import load_checkpoint_model
+from gptforge.weights.load import load_checkpoint_model
 
 
 def config_file(path, data_dir, **overrides):
@@ -45,7 +45,9 @@ def test_the_held_out_set_is_the_val_splits_first_windows_scored_window_by_windo
     assert torch.equal(held.y.flatten(), torch.from_numpy(val[1:193]))
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=meta["vocab_size"], n_layer=2, n_head=2, n_embd=32)).eval()
+    model = GPT(
+        GPTConfig(block_size=16, vocab_size=meta["vocab_size"], n_layer=2, n_head=2, n_embd=32, bias=True)
+    ).eval()
     with torch.no_grad():
         each = torch.tensor(
             [model(x[None], y[None])[1].item() for x, y in zip(held.x, held.y, strict=True)], dtype=torch.float64

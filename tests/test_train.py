@@ -121,7 +121,7 @@ def test_gradient_accumulation_equals_one_big_batch():
     from gptforge.model.optim import accumulate_gradients
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32)).double()
+    model = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32, bias=True)).double()
     x, y = torch.randint(0, 50, (8, 16)), torch.randint(0, 50, (8, 16))
     micro = [(x[i : i + 2], y[i : i + 2]) for i in range(0, 8, 2)]
     scaler = torch.amp.GradScaler("cpu", enabled=False)
@@ -327,18 +327,13 @@ def test_auto_dtype_on_cpu_follows_the_hardware(monkeypatch, fast_bf16, n_embd, 
 def test_the_eta_forgets_the_compiling_first_step():
     """A first step of 18 s (torch.compile), then 15 ms steps (every 50th 0.5 s) logged every 50: the ETA is
     the later steps' mean times the steps left (it was 7 s a step after 250 steps, from the first's 18 s)."""
-    from types import SimpleNamespace
+    from gptforge.train.metrics import StepTimer
 
-    from gptforge.train.loop import StepTimer
-
-    model = SimpleNamespace(estimate_mfu=lambda *a: 0.1)
-    run = SimpleNamespace(cfg=SimpleNamespace(max_iters=500, batch_size=4), accum=1, peak_flops=1e12)
-    run.raw_model, run.tokens_per_iter = model, 1024
-    timer = StepTimer()
+    timer = StepTimer(max_iters=500, tokens_per_iter=1024, mfu=lambda dt: 0.1)
     timer.add(18.0)
-    assert timer.report(run, 0)["eta_s"] == pytest.approx(18.0 * 499)  # all it knows yet
+    assert timer.report(0)["eta_s"] == pytest.approx(18.0 * 499)  # all it knows yet
     for step in range(1, 251):
         timer.add(0.015 if step % 50 else 0.5)  # every 50th step also evaluates
         if step % 50 == 0:
-            eta = timer.report(run, step)["eta_s"]
+            eta = timer.report(step)["eta_s"]
     assert eta == pytest.approx((49 * 0.015 + 0.5) / 50 * 249, rel=1e-6), eta

@@ -4,7 +4,6 @@ docs/PERFORMANCE.md has the figures and how to read them."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -33,11 +32,13 @@ from gptforge.core.device import (
     resolve_fast_dropout,
 )
 from gptforge.core.errors import UserError
+from gptforge.core.memory import check_fits, estimate_training_memory
+from gptforge.core.shape import model_args
 from gptforge.data.loader import read_meta
-from gptforge.model.gpt import GPT, GPTConfig, model_args, model_vocab_size
+from gptforge.infer.engine import generate
+from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
 from gptforge.model.optim import accumulate_gradients, configure_optimizer, muon_settings
 from gptforge.tokenizer.gpt2 import GPT2_VOCAB
-from gptforge.train.memory import check_fits, estimate_training_memory
 
 
 class RandomTokens:
@@ -73,6 +74,9 @@ def reset_peak_rss() -> None:
         pass
 
 
+BASELINE = "float32, eager, nanoGPT's AdamW and torch's dropout: nanoGPT's train.py on this machine"
+
+
 class Mode:
     """One way of running the step: a model, its optimizer and settings, ready to time."""
 
@@ -94,7 +98,7 @@ class Mode:
             cfg.learning_rate,
             (cfg.beta1, cfg.beta2),
             "cuda" if fused else "cpu",
-            muon_settings(cfg) if fast else None,  # the baseline is nanoGPT's AdamW
+            muon_settings(cfg) if fast else None,  # the baseline is nanoGPT's AdamW (BASELINE)
         )
         self.model = torch.compile(self.raw) if self.compile else self.raw
         self.ctx = autocast_context(dev, self.dtype)
@@ -128,9 +132,9 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
     dev_type = device_type(device)
     configure_backends(dev_type)
     vocab_size = _dataset_vocab(cfg)
-    dtype = resolve_dtype(cfg.dtype, dev_type, cfg.n_embd)
     # the float32 baseline keeps the larger activations: estimate for it when it runs too
-    estimate = estimate_training_memory(model_args(cfg, vocab_size), cfg.batch_size, "float32" if compare else dtype)
+    dtype = "float32" if compare else resolve_dtype(cfg.dtype, dev_type, cfg.n_embd)
+    estimate = estimate_training_memory(model_args(cfg, vocab_size), cfg.batch_size, dtype, cfg.optimizer)
     check_fits(estimate, *available_memory(device))
     log(f"memory: {estimate.describe()} estimated per mode\n{keep_freed_memory()}")
     default = Mode("default", cfg, device, vocab_size, fast=True)
@@ -143,24 +147,7 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
         "modes: "
         + ", ".join(f"{m.name} ({m.dtype}, compile={m.compile}, fast_dropout={m.fast_dropout})" for m in modes)
     )
-    for m in modes:  # warm-up: first steps pay for allocation, kernel selection and compilation
-        t0 = time.perf_counter()
-        for _ in range(warmup):
-            m.step()
-        if m.compile:
-            m.compile_s = time.perf_counter() - t0
-        log(f"  {m.name}: warm-up {warmup} step(s) {time.perf_counter() - t0:.1f}s")
-    for r in range(rounds):
-        for m in modes:
-            if dev_type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            else:
-                reset_peak_rss()
-            for _ in range(iters):
-                m.times.append(m.step())
-            mem = torch.cuda.max_memory_allocated(device) if dev_type == "cuda" else peak_rss_bytes()
-            m.peak_mem = max(m.peak_mem, mem)
-            log(f"  round {r + 1}/{rounds} {m.name}: {statistics.median(m.times[-iters:]) * 1000:.1f} ms/iter")
+    time_modes(modes, device, warmup, iters, rounds)
     peaks = {dt: measure_matmul_flops(device, dt) for dt in ("float32", "bfloat16")}
     out: dict[str, Any] = {}
     for m in modes:
@@ -182,6 +169,7 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
         }
     if compare:
         out["speedup"] = out["default"]["tokens_per_s"] / out["baseline"]["tokens_per_s"]
+        out["baseline_is"] = BASELINE
     kind = cpu_kind() if dev_type == "cpu" else {}
     out["device"] = {
         "name": device,
@@ -196,6 +184,30 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
     return out
 
 
+def time_modes(modes: list[Mode], device: str, warmup: int, iters: int, rounds: int) -> None:
+    """Warm each mode up, then time `iters` steps of each in turn, `rounds` times (alternating evens out the
+    machine's drift); each mode keeps its step times and its peak memory."""
+    dev_type = device_type(device)
+    for m in modes:  # warm-up: first steps pay for allocation, kernel selection and compilation
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            m.step()
+        if m.compile:
+            m.compile_s = time.perf_counter() - t0
+        log(f"  {m.name}: warm-up {warmup} step(s) {time.perf_counter() - t0:.1f}s")
+    for r in range(rounds):
+        for m in modes:
+            if dev_type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            else:
+                reset_peak_rss()
+            for _ in range(iters):
+                m.times.append(m.step())
+            mem = torch.cuda.max_memory_allocated(device) if dev_type == "cuda" else peak_rss_bytes()
+            m.peak_mem = max(m.peak_mem, mem)
+            log(f"  round {r + 1}/{rounds} {m.name}: {statistics.median(m.times[-iters:]) * 1000:.1f} ms/iter")
+
+
 def bench_generation(cfg: TrainConfig, new_tokens: int = 500, batch: int = 1) -> dict[str, Any]:
     """Tokens/s of sampling `new_tokens` from the config's model, with and without the KV cache.
 
@@ -207,9 +219,9 @@ def bench_generation(cfg: TrainConfig, new_tokens: int = 500, batch: int = 1) ->
     idx = torch.zeros((batch, 1), dtype=torch.long, device=device)
     out: dict[str, Any] = {"new_tokens": new_tokens, "batch": batch}
     for name, use_cache in (("cached", True), ("uncached", False)):
-        model.generate(idx, 4, temperature=0, use_cache=use_cache)  # warm-up
+        generate(model, idx, 4, temperature=0, use_cache=use_cache)  # warm-up
         t0 = time.perf_counter()
-        model.generate(idx, new_tokens, temperature=0, use_cache=use_cache)
+        generate(model, idx, new_tokens, temperature=0, use_cache=use_cache)
         dt = time.perf_counter() - t0
         out[name] = {"seconds": dt, "tokens_per_s": batch * new_tokens / dt}
         log(f"  generation, {name}: {batch * new_tokens / dt:,.1f} tokens/s")
@@ -271,51 +283,45 @@ def run_bench(
         result["generation"] = bench_generation(cfg)
     if tokenizers is not None:
         result["tokenizers"] = bench_tokenizers(tokenizers or None)
-    result["config"] = {
-        k: v
-        for k, v in dataclasses.asdict(cfg).items()
-        if k
-        in (
-            "n_layer",
-            "n_head",
-            "n_embd",
-            "block_size",
-            "batch_size",
-            "gradient_accumulation_steps",
-            "dropout",
-            "bias",
-            "dtype",
-            "compile",
-            "fast_dropout",
-        )
-    }
+    shown = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "gradient_accumulation_steps", "dropout")
+    result["config"] = {k: getattr(cfg, k) for k in (*shown, "bias", "dtype", "compile", "fast_dropout")}
     if as_json:
         print(json.dumps(result))
     else:
-        for name in ("default", "baseline"):
-            if name in result:
-                m = result[name]
-                print(
-                    f"{name:>8}: {m['ms_per_iter']:9.1f} ms/iter {m['tokens_per_s']:11,.0f} tok/s  "
-                    f"mfu {m['mfu'] * 100:5.1f}%  peak mem {m['peak_mem_bytes'] / 2**20:,.0f} MiB  "
-                    f"({m['dtype']}, compile={m['compile']})"
-                )
-        if "speedup" in result:
-            print(f" speedup: {result['speedup']:.2f}x tokens/s over the baseline")
-        dev = result["device"]
-        print(
-            f"  device: {dev['name']} ({dev['cpu'] or dev['gpu']}), {dev['threads']} threads\n"
-            f"  matmul ceilings: "
-            + ", ".join(f"{k} {v / 1e9:,.0f}" for k, v in dev["matmul_ceiling_flops"].items())
-            + f" GFLOP/s; MFU against {dev['peak_flops'] / 1e9:,.0f} GFLOP/s, the ceiling of the default's "
-            f"{result['default']['dtype']}"
-        )
-        if "generation" in result:
-            g = result["generation"]
-            print(
-                f"generation ({g['new_tokens']} tokens): {g['cached']['tokens_per_s']:,.1f} tokens/s with the KV "
-                f"cache, {g['uncached']['tokens_per_s']:,.1f} without ({g['cache_speedup']:.1f}x)"
-            )
-        for name, t in result.get("tokenizers", {}).items():
-            print(f"tokenizer {name}: " + (f"{t['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in t else t["error"]))
+        print_result(result, cfg)
     return result
+
+
+def print_result(result: dict[str, Any], cfg: TrainConfig) -> None:
+    """The human-readable table of run_bench's result, on stdout."""
+    for name in ("default", "baseline"):
+        if name in result:
+            m = result[name]
+            print(
+                f"{name:>8}: {m['ms_per_iter']:9.1f} ms/iter {m['tokens_per_s']:11,.0f} tok/s  "
+                f"mfu {m['mfu'] * 100:5.1f}%  peak mem {m['peak_mem_bytes'] / 2**20:,.0f} MiB  "
+                f"({m['dtype']}, compile={m['compile']})"
+            )
+    if "speedup" in result:
+        print(f" speedup: {result['speedup']:.2f}x tokens/s over the baseline ({BASELINE})")
+        if cfg.optimizer == "muon":
+            print(
+                "  note: the baseline steps with AdamW, this config with Muon (more work per step, fewer steps "
+                "to a loss): per-step speed is not time to quality; compare that with --target_loss"
+            )
+    dev = result["device"]
+    print(
+        f"  device: {dev['name']} ({dev['cpu'] or dev['gpu']}), {dev['threads']} threads\n"
+        f"  matmul ceilings: "
+        + ", ".join(f"{k} {v / 1e9:,.0f}" for k, v in dev["matmul_ceiling_flops"].items())
+        + f" GFLOP/s; MFU against {dev['peak_flops'] / 1e9:,.0f} GFLOP/s, the ceiling of the default's "
+        f"{result['default']['dtype']}"
+    )
+    if "generation" in result:
+        g = result["generation"]
+        print(
+            f"generation ({g['new_tokens']} tokens): {g['cached']['tokens_per_s']:,.1f} tokens/s with the KV "
+            f"cache, {g['uncached']['tokens_per_s']:,.1f} without ({g['cache_speedup']:.1f}x)"
+        )
+    for name, t in result.get("tokenizers", {}).items():
+        print(f"tokenizer {name}: " + (f"{t['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in t else t["error"]))

@@ -26,7 +26,8 @@ from gptforge.core.distributed import setup_distributed, teardown
 from gptforge.core.errors import UserError
 from gptforge.data.loader import DTYPES, dataset_dir, open_tokens, read_meta, split_files
 from gptforge.model.gpt import GPT
-from gptforge.train.loop import apply_lr, setup, train_step
+from gptforge.train.loop import apply_lr, train_step
+from gptforge.train.setup import setup
 
 SCREEN_EVERY = 8  # a cheap first look on every 8th window ...
 SCREEN_MARGIN = 0.1  # ... and the whole set only once that is within this of the target (~5 standard errors)
@@ -110,6 +111,7 @@ def run_to_target(
         with tempfile.TemporaryDirectory(prefix="gptforge-bench-") as tmp:
             with contextlib.redirect_stdout(sys.stderr):  # the run's own lines are progress, not the result
                 run = setup(bench_cfg(cfg, os.path.join(tmp, "run")), env)
+            assert run is not None, "a run from scratch always starts"
             with run.cleanup:
                 return _train_to_target(run, name, target, eval_every, eval_tokens, max_seconds)
     finally:
@@ -149,6 +151,7 @@ def _train_to_target(run, name: str, target: float, every: int, eval_tokens: int
                 break
         t0 = time.perf_counter()
         apply_lr(run, step)
+        run.iter_num = step  # what a skipped step's record names
         _, _, finite = train_step(run)
         train_s += time.perf_counter() - t0
         step += 1

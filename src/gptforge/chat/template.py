@@ -1,5 +1,5 @@
 """The chat format for Hugging Face tools: a Jinja `chat_template` that renders exactly what chat/render.py does, and
-`add_chat_tokens_to_hf_folder`, which makes a GPT-2 tokenizer folder (weights/export.py's `write_gpt2_tokenizer`)
+`add_chat_tokens_to_hf_folder`, which makes a GPT-2 tokenizer folder (`GPT2Tokenizer.save`)
 chat-ready. Then `tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
 return_assistant_tokens_mask=True)` gives our ids and our loss mask, and `add_generation_prompt=True` gives
 `render_prompt`'s ids.
@@ -62,7 +62,7 @@ def chat_added_tokens(special_ids: dict[str, int] | None = None) -> dict[int, st
 
 def add_chat_tokens_to_hf_folder(folder: str, special_ids: dict[str, int] | None = None) -> None:
     """Make a Hugging Face GPT-2 tokenizer folder (vocab.json, merges.txt, tokenizer_config.json, as
-    `write_gpt2_tokenizer` writes them) chat-ready: the chat tokens as added special tokens at their ids
+    `GPT2Tokenizer.save` writes them) chat-ready: the chat tokens as added special tokens at their ids
     (50257-50266), <|endoftext|> as bos, the chat template, and a fast tokenizer (tokenizer.json)."""
     added = chat_added_tokens(special_ids)
     config_path = os.path.join(folder, "tokenizer_config.json")

@@ -1,16 +1,18 @@
-"""The command line's arguments: one argparse parser per subcommand, with its help texts and defaults (cli.py
-dispatches). `train` and `bench` also take nanoGPT config files and --key=value options (config.py)."""
+"""The command line's arguments: one argparse parser per subcommand, with its help texts and defaults, and for each
+the function that does its work (`handler`, a "module:function" name imported only when the command runs; with
+`options`, a dataclass built from the options first). `train` and `bench` take nanoGPT config files and
+--key=value options instead (core/config.py)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
-import os
 
 from gptforge import __version__
 from gptforge.core.config import CHOICES, FIELDS
 from gptforge.data import RECIPES, SHARD_RECIPES
-from gptforge.tokenizer.gpt2 import GPT2_EOT
+from gptforge.infer.options import SOURCE_HELP, WINDOWS, SampleArgs
 
 TRAIN_USAGE = """usage: gptforge train [CONFIG_FILE ...] [--key=value | --key value ...]
 
@@ -22,9 +24,6 @@ override them, in order, the last one winning. Examples:
 
 config keys (--key=DEFAULT  (type)):
 """
-
-# The parsers below are tables of options, one call per option: the formatter keeps them as written.
-# fmt: off
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -47,161 +46,249 @@ def add_device(p: argparse.ArgumentParser, seed_help: str | None = None) -> None
     if seed_help:
         p.add_argument("--seed", type=int, default=1337, help=seed_help)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
-    p.add_argument("--dtype", default="auto", choices=CHOICES["dtype"],
-                   help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=CHOICES["dtype"],
+        help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)",
+    )
 
 
 def add_model_source(p: argparse.ArgumentParser, verb: str, out_dir_help: str) -> None:
     """--out_dir / --ckpt / --init_from: where sample and eval take their model from."""
     p.add_argument("--out_dir", default="out", help=out_dir_help)
-    p.add_argument("--ckpt", default=None, metavar="PATH",
-                   help=f"a checkpoint file to {verb} instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)")
-    p.add_argument("--init_from", default="resume",
-                   help="'resume' (the run in --out_dir), a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a "
-                   "local Hugging Face GPT-2 folder")
+    p.add_argument(
+        "--ckpt",
+        default=None,
+        metavar="PATH",
+        help=f"a checkpoint file to {verb} instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)",
+    )
+    p.add_argument("--init_from", default="resume", help=SOURCE_HELP)
 
 
 def add_prepare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", help="tokenize a dataset into data/<name>/ (train.bin/val.bin, or token shards)",
-                       formatter_class=formatter,
-                       description="Tokenize a dataset into <data_dir>/<name>/: train.bin, val.bin and meta.json "
-                       "(shakespeare_char, shakespeare, text), or GPT-2 token shards <name>_<split>_NNNNNN.bin and "
-                       "meta.json (files, openwebtext, fineweb_edu; resumable: run the same command again).")
+    p = sub.add_parser(
+        "prepare",
+        help="tokenize a dataset into data/<name>/ (train.bin/val.bin, or token shards)",
+        formatter_class=formatter,
+        description="Tokenize a dataset into <data_dir>/<name>/: train.bin, val.bin and meta.json "
+        "(shakespeare_char, shakespeare, text), or GPT-2 token shards <name>_<split>_NNNNNN.bin and "
+        "meta.json (files, openwebtext, fineweb_edu; resumable: run the same command again).",
+    )
     p.add_argument("recipe", choices=[*RECIPES, *SHARD_RECIPES], help="what to prepare")
-    p.add_argument("files", nargs="*", metavar="PATH",
-                   help="input files: UTF-8 text (recipe 'text'); .jsonl, .jsonl.gz, .parquet, .txt files or folders "
-                   "of them (recipe 'files')")
-    p.add_argument("--input", dest="input_path", default=None, metavar="PATH",
-                   help="local copy of the recipe's source (skips the download): a text file for the Shakespeare "
-                   "recipes; for openwebtext / fineweb_edu a datasets save_to_disk folder or data files")
+    p.add_argument(
+        "files",
+        nargs="*",
+        metavar="PATH",
+        help="input files: UTF-8 text (recipe 'text'); .jsonl, .jsonl.gz, .parquet, .txt files or folders "
+        "of them (recipe 'files')",
+    )
+    p.add_argument(
+        "--input",
+        dest="input_path",
+        default=None,
+        metavar="PATH",
+        help="local copy of the recipe's source (skips the download): a text file for the Shakespeare "
+        "recipes; for openwebtext / fineweb_edu a datasets save_to_disk folder or data files",
+    )
     p.add_argument("--data_dir", default="data", help="folder that receives the dataset folder")
-    p.add_argument("--name", default=None,
-                   help="dataset name (folder <data_dir>/<name>); needed by 'text' and 'files', else the recipe's")
-    p.add_argument("--tokenizer", default="char", choices=["char", "gpt2"], help="tokenizer for recipe 'text'")
-    p.add_argument("--val_fraction", type=float, default=0.1,
-                   help="share of the tokens held out for validation (shakespeare*, text)")
-    p.add_argument("--text_field", default="text", help="field / column holding the text (sharded recipes)")
-    p.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per shard (sharded recipes)")
-    p.add_argument("--val_tokens", type=int, default=1_000_000,
-                   help="the first documents go to val until it holds this many tokens (sharded recipes)")
-    p.add_argument("--num_proc", type=int, default=min(os.cpu_count() or 1, 8),
-                   help="tokenizer worker processes (sharded recipes)")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="dataset name (folder <data_dir>/<name>); needed by 'text' and 'files', else the recipe's",
+    )
+    p.add_argument(
+        "--tokenizer", default=None, choices=["char", "gpt2"], help="tokenizer for recipe 'text' (default: char)"
+    )
+    p.add_argument(
+        "--val_fraction",
+        type=float,
+        default=None,
+        help="share of the tokens held out for validation (shakespeare*, text; default: 0.1)",
+    )
+    p.add_argument(
+        "--text_field", default=None, help="field / column holding the text (sharded recipes; default: text)"
+    )
+    p.add_argument(
+        "--shard_size", type=int, default=None, help="tokens per shard (sharded recipes; default: 100,000,000)"
+    )
+    p.add_argument(
+        "--val_tokens",
+        type=int,
+        default=None,
+        help="the first documents go to val until it holds this many tokens (sharded recipes; default: 1,000,000)",
+    )
+    p.add_argument(
+        "--num_proc",
+        type=int,
+        default=None,
+        help="tokenizer worker processes (sharded recipes; default: the CPU count, at most 8)",
+    )
+    p.set_defaults(handler="gptforge.data.command:prepare_command")
 
 
 def add_sample(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sample", help="sample text from a trained run", formatter_class=formatter,
-                       description="Print samples from <out_dir>/ckpt.pt (or --ckpt PATH) to stdout, each followed "
-                       "by a line of dashes.")
-    add_model_source(p, "sample from", "run folder holding ckpt.pt")
-    p.add_argument("--start", default="\n",
-                   help="prompt text, or FILE:path to read it from a file (default: a newline)")
-    p.add_argument("--num_samples", type=int, default=10, help="samples to draw")
-    p.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample")
-    p.add_argument("--temperature", type=float, default=0.8, help="< 1 sharper, > 1 more random, 0 greedy")
-    p.add_argument("--top_k", type=int, default=200, help="sample from the k likeliest tokens only (0 = all)")
-    p.add_argument("--top_p", type=float, default=1.0,
-                   help="sample from the smallest set of tokens holding this much probability (1 = off)")
-    p.add_argument("--stop_token", type=int, default=-1,
-                   help=f"end a sample when this token id comes (GPT-2's <|endoftext|> is {GPT2_EOT}; -1 = never)")
-    p.add_argument("--no_cache", dest="use_cache", action="store_false",
-                   help="recompute the whole context at every token instead of using the KV cache (default: the cache "
-                   "is on); the same tokens, only slower")
-    p.add_argument("--window", default="slide", choices=["slide", "half", "stream"],
-                   help="the context once a sample outgrows the model's block_size: 'slide' = the last block_size "
-                   "tokens at every step, as nanoGPT's sample.py (one full pass per token); 'half' = restart from "
-                   "the last block_size/2 tokens and grow again with the KV cache (faster on long samples; a "
-                   "shorter context, so other text); 'stream' (rotary models) = the KV cache drops its oldest "
-                   "token and keeps going, one cached step per token (sliding-window attention: other text than "
-                   "'slide')")
-    add_device(p, seed_help="random seed: the same seed gives the same samples")
+    p = sub.add_parser(
+        "sample",
+        help="sample text from a trained run",
+        formatter_class=formatter,
+        description="Print samples from <out_dir>/ckpt.pt (or --ckpt PATH) to stdout, each followed "
+        "by a line of dashes.",
+    )
+    p.set_defaults(handler="gptforge.infer.sample:sample", options="gptforge.infer.options:SampleArgs")
+    choices = {"window": WINDOWS, "dtype": CHOICES["dtype"]}
+    for f in dataclasses.fields(SampleArgs):
+        doc = f.metadata["doc"]
+        if f.type == "bool":  # a switch that turns a default-on behaviour off
+            p.add_argument(f"--no_{f.name.removeprefix('use_')}", dest=f.name, action="store_false", help=doc)
+            continue
+        kind = {"int": int, "float": float}.get(f.type, str)
+        metavar = "PATH" if f.name == "ckpt" else None
+        p.add_argument(
+            f"--{f.name}", type=kind, default=f.default, choices=choices.get(f.name), help=doc, metavar=metavar
+        )
 
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="evaluate a trained run (hellaswag, loss, lm-eval)", formatter_class=formatter,
-                       description="Evaluate <out_dir>/ckpt.pt (or --ckpt PATH) on a benchmark; the result goes to "
-                       "stdout.")
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a trained run (hellaswag, loss, lm-eval)",
+        formatter_class=formatter,
+        description="Evaluate <out_dir>/ckpt.pt (or --ckpt PATH) on a benchmark; the result goes to stdout.",
+    )
     tasks = p.add_subparsers(dest="task", required=True)
-    t = tasks.add_parser("hellaswag", help="HellaSwag validation accuracy (acc, acc_norm)", formatter_class=formatter,
-                         description="Score <out_dir>/ckpt.pt (or --ckpt PATH) on HellaSwag's validation set, "
-                         "completion style; prints one line: examples, acc and acc_norm. Works under torchrun "
-                         "(sharded).")
+    t = tasks.add_parser(
+        "hellaswag",
+        help="HellaSwag validation accuracy (acc, acc_norm)",
+        formatter_class=formatter,
+        description="Score <out_dir>/ckpt.pt (or --ckpt PATH) on HellaSwag's validation set, "
+        "completion style; prints one line: examples, acc and acc_norm. Works under torchrun "
+        "(sharded).",
+    )
+    t.set_defaults(handler="gptforge.evaluate.hellaswag:eval_hellaswag")
     add_model_source(t, "score", "run folder holding ckpt.pt (a GPT-2 BPE run)")
-    t.add_argument("--hellaswag_path", default=None,
-                   help="local hellaswag_val.jsonl (default: download it once into $GPTFORGE_CACHE_DIR/hellaswag, "
-                   "~/.cache/gptforge/hellaswag)")
+    t.add_argument(
+        "--hellaswag_path",
+        default=None,
+        help="local hellaswag_val.jsonl (default: download it once into $GPTFORGE_CACHE_DIR/hellaswag, "
+        "~/.cache/gptforge/hellaswag)",
+    )
     t.add_argument("--limit", type=int, default=None, help="score only the first N examples (default: all 10,042)")
     t.add_argument("--batch_size", type=int, default=4, help="examples per forward pass (4 sequences each)")
     add_device(t)
     add_lm_eval(tasks)
-    t = tasks.add_parser("loss", help="loss and perplexity on a dataset's splits", formatter_class=formatter,
-                         description="Measure <out_dir>/ckpt.pt (or --ckpt PATH, or GPT-2's weights) on a prepared "
-                         "dataset: the mean cross-entropy over --eval_iters batches per split and its perplexity. "
-                         "Prints one line per split to stdout. The batches come from a private generator seeded "
-                         "with --seed, so the same command gives the same figures.")
+    t = tasks.add_parser(
+        "loss",
+        help="loss and perplexity on a dataset's splits",
+        formatter_class=formatter,
+        description="Measure <out_dir>/ckpt.pt (or --ckpt PATH, or GPT-2's weights) on a prepared "
+        "dataset: the mean cross-entropy over --eval_iters batches per split and its perplexity. "
+        "Prints one line per split to stdout. The batches come from a private generator seeded "
+        "with --seed, so the same command gives the same figures.",
+    )
+    t.set_defaults(handler="gptforge.evaluate.loss:eval_loss")
     add_model_source(t, "measure", "run folder holding ckpt.pt")
     t.add_argument("--dataset", default=None, help="dataset folder name under --data_dir (default: the run's)")
     t.add_argument("--data_dir", default=None, help="folder holding dataset folders (default: the run's, or data)")
     t.add_argument("--split", default="val", choices=["val", "train", "both"], help="which split(s) to measure")
     t.add_argument("--eval_iters", type=int, default=None, help="batches per split (default: the run's, or 200)")
     t.add_argument("--batch_size", type=int, default=None, help="sequences per batch (default: the run's, or 8)")
-    t.add_argument("--block_size", type=int, default=None,
-                   help="tokens per sequence (default: the run's; at most the model's block_size)")
+    t.add_argument(
+        "--block_size",
+        type=int,
+        default=None,
+        help="tokens per sequence (default: the run's; at most the model's block_size)",
+    )
     add_device(t, seed_help="seed of the batch positions")
 
 
 def add_lm_eval(tasks: argparse._SubParsersAction) -> None:
-    t = tasks.add_parser("lm-eval", help="EleutherAI's lm-evaluation-harness tasks (hellaswag, arc_easy, piqa, ...)",
-                         formatter_class=formatter,
-                         description="Score <out_dir>/ckpt.pt (or --ckpt PATH, or --init_from=gpt2) with "
-                         "lm-evaluation-harness (pip install 'gptforge[eval]'), no export needed; prints lm-eval's "
-                         "table. The options are lm-eval's. Tasks load their datasets from the Hugging Face hub; "
-                         "offline, give --include_path with a task YAML over local files (README).")
+    t = tasks.add_parser(
+        "lm-eval",
+        help="EleutherAI's lm-evaluation-harness tasks (hellaswag, arc_easy, piqa, ...)",
+        formatter_class=formatter,
+        description="Score <out_dir>/ckpt.pt (or --ckpt PATH, or --init_from=gpt2) with "
+        "lm-evaluation-harness (pip install 'gptforge[eval]'), no export needed; prints lm-eval's "
+        "table. The options are lm-eval's. Tasks load their datasets from the Hugging Face hub; "
+        "offline, give --include_path with a task YAML over local files (README).",
+    )
     add_model_source(t, "score", "run folder holding ckpt.pt (a GPT-2 BPE run)")
+    t.set_defaults(handler="gptforge.evaluate.harness:eval_lm_eval")
     t.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names")
     t.add_argument("--num_fewshot", type=int, default=None, help="examples in each prompt (default: each task's)")
-    t.add_argument("--limit", type=float, default=None,
-                   help="only the first N examples of each task (a number below 1: that fraction)")
+    t.add_argument(
+        "--limit",
+        type=float,
+        default=None,
+        help="only the first N examples of each task (a number below 1: that fraction)",
+    )
     t.add_argument("--batch_size", type=int, default=1, help="sequences per forward pass")
     t.add_argument("--include_path", default=None, metavar="DIR", help="a folder of your own task YAML files")
     t.add_argument("--output_path", default=None, metavar="FILE", help="write lm-eval's results as JSON to FILE")
-    t.add_argument("--log_samples", action="store_true",
-                   help="also put every example's requests and responses (log-likelihoods) in the JSON")
+    t.add_argument(
+        "--log_samples",
+        action="store_true",
+        help="also put every example's requests and responses (log-likelihoods) in the JSON",
+    )
     add_device(t, seed_help="seed of lm-eval's few-shot sampling and of any sampling in generation")
 
 
 def add_export_and_dashboard(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a run's model as a Hugging Face GPT-2 (or NanoChat) folder",
-                       formatter_class=formatter,
-                       description="Write <out_dir>/ckpt.pt (or --ckpt PATH) as a Hugging Face GPT-2 folder "
-                       "(config.json, model.safetensors and, for GPT-2 BPE runs, the tokenizer files) that "
-                       "transformers' GPT2LMHeadModel.from_pretrained and pipeline() load; a model with the "
-                       "nanochat switches on (rotary, rmsnorm, qk_norm, relu2, untie_head) as a NanoChat folder "
-                       "(NanoChatForCausalLM).")
+    p = sub.add_parser(
+        "export",
+        help="write a run's model as a Hugging Face GPT-2 (or NanoChat) folder",
+        formatter_class=formatter,
+        description="Write <out_dir>/ckpt.pt (or --ckpt PATH) as a Hugging Face GPT-2 folder "
+        "(config.json, model.safetensors and, for GPT-2 BPE runs, the tokenizer files) that "
+        "transformers' GPT2LMHeadModel.from_pretrained and pipeline() load; a model with the "
+        "nanochat switches on (rotary, rmsnorm, qk_norm, relu2, untie_head) as a NanoChat folder "
+        "(NanoChatForCausalLM).",
+    )
     p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt")
-    p.add_argument("--ckpt", default=None, metavar="PATH",
-                   help="a checkpoint file to export instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)")
-    p.add_argument("--to", required=True, default=argparse.SUPPRESS, metavar="FOLDER",
-                   help="the folder to create (it may exist if empty)")
+    p.add_argument(
+        "--ckpt",
+        default=None,
+        metavar="PATH",
+        help="a checkpoint file to export instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)",
+    )
+    p.add_argument(
+        "--to",
+        required=True,
+        default=argparse.SUPPRESS,
+        metavar="FOLDER",
+        help="the folder to create (it may exist if empty)",
+    )
     p.add_argument("--force", action="store_true", help="replace FOLDER when it holds a previous export")
-    p = sub.add_parser("dashboard", help="live web dashboard of training runs",
-                       formatter_class=formatter, description="Serve a live dashboard of the runs under FOLDERs: "
-                       "each is a run folder (with metrics.jsonl) or holds run folders a few levels down.")
+    p.set_defaults(handler="gptforge.weights.export:export_run")
+    p = sub.add_parser(
+        "dashboard",
+        help="live web dashboard of training runs",
+        formatter_class=formatter,
+        description="Serve a live dashboard of the runs under FOLDERs: "
+        "each is a run folder (with metrics.jsonl) or holds run folders a few levels down.",
+    )
     p.add_argument("folders", nargs="*", default=["."], metavar="FOLDER", help="run folders or folders of runs")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on; 0.0.0.0 lets other machines read your runs")
-    p.add_argument("--port", type=int, default=FIELDS["dashboard_port"].default,
-                   help="port to listen on; 0 picks a free one")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 lets other machines read your runs"
+    )
+    p.add_argument(
+        "--port", type=int, default=FIELDS["dashboard_port"].default, help="port to listen on; 0 picks a free one"
+    )
+    p.set_defaults(handler="gptforge.dashboard.server:serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gptforge", description="Prepare data, train, sample, evaluate, export, "
-                                     "benchmark, watch runs in a dashboard.")
+    parser = argparse.ArgumentParser(
+        prog="gptforge",
+        description="Prepare data, train, sample, evaluate, export, benchmark, watch runs in a dashboard.",
+    )
     parser.add_argument("--version", action="version", version=f"gptforge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_prepare(sub)
     sub.add_parser("train", help="train a GPT (nanoGPT config files and --key=value options)", add_help=False)
-    sub.add_parser("bench", help="time the training step: tokens/s, MFU, memory; --compare with the baseline",
-                   add_help=False)
+    sub.add_parser(
+        "bench", help="time the training step: tokens/s, MFU, memory; --compare with the baseline", add_help=False
+    )
     add_sample(sub)
     add_export_and_dashboard(sub)
     add_eval(sub)
@@ -211,36 +298,79 @@ def build_parser() -> argparse.ArgumentParser:
 def bench_parser() -> argparse.ArgumentParser:
     """`gptforge bench`'s own options; everything else is a config file or key, as for `gptforge train`."""
     p = argparse.ArgumentParser(
-        prog="gptforge bench", formatter_class=formatter, allow_abbrev=False,
+        prog="gptforge bench",
+        formatter_class=formatter,
+        allow_abbrev=False,
         usage="gptforge bench [CONFIG_FILE ...] [--key=value ...] [--compare] [--json] [--iters N] [--warmup N] "
         "[--rounds N] [--generation] [--tokenizers[=TEXT_FILE]]\n"
         "       gptforge bench CONFIG_FILE [--key=value ...] --target_loss=X [--compare=OTHER_CONFIG_FILE] "
         "[--eval_every N] [--eval_tokens N] [--max_seconds S] [--json]",
-        description="Time the real training step of a config (forward, backward, clipping, AdamW, with its gradient "
-        "accumulation) on random tokens, after warm-up. Config files and --key=value work as for `gptforge train`.")
-    p.add_argument("--compare", default=None, metavar="OTHER_CONFIG_FILE",
-                   help="bare: also time the baseline (float32, eager, plain AdamW: nanoGPT on a CPU), alternating "
-                   "with the default in rounds, and report the speedup (default tokens/s / baseline tokens/s); "
-                   "=FILE with --target_loss: then train that config (with the same --key=value options) to the "
-                   "same target and print the ratio of the wall times")
-    p.add_argument("--target_loss", type=float, default=None, metavar="X",
-                   help="time to loss: train the config from scratch until the val loss on a fixed held-out set is "
-                   "X or less; prints wall seconds of training (evaluations not counted), steps and tokens")
-    p.add_argument("--eval_every", type=int, default=None, metavar="N",
-                   help="with --target_loss: check the loss every N steps (default max_iters / 100)")
-    p.add_argument("--eval_tokens", type=int, default=131072, metavar="N",
-                   help="with --target_loss: held-out tokens (the val split's first N, in block_size windows)")
-    p.add_argument("--max_seconds", type=float, default=math.inf, metavar="S",
-                   help="with --target_loss: give up after S seconds of training")
-    p.add_argument("--json", action="store_true",
-                   help='print one JSON object on stdout: {"default": M, "baseline": M, "speedup": x, ...} with M = '
-                   '{"ms_per_iter", "tokens_per_s", "mfu", "peak_mem_bytes", ...}')
+        description="Measure a config. By default: time its real training step (forward, backward, clipping, "
+        "the optimizer, with its gradient accumulation) on random tokens after warm-up: ms/iter, tokens/s, MFU, "
+        "peak memory; --compare also times nanoGPT's arithmetic (float32, eager, AdamW) as the baseline, "
+        "--generation sampling speed, --tokenizers tokenisation speed. With --target_loss: time to quality, "
+        "the config trained from scratch until its held-out val loss reaches X (and --compare=OTHER_CONFIG "
+        "raced to the same target). Config files and --key=value work as for `gptforge train`.",
+    )
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="OTHER_CONFIG_FILE",
+        help="bare: also time the baseline (float32, eager, plain AdamW: nanoGPT on a CPU), alternating "
+        "with the default in rounds, and report the speedup (default tokens/s / baseline tokens/s); "
+        "=FILE with --target_loss: then train that config (with the same --key=value options) to the "
+        "same target and print the ratio of the wall times",
+    )
+    add_time_to_loss(p)
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON object on stdout: {"default": M, "baseline": M, "speedup": x, ...} with M = '
+        '{"ms_per_iter", "tokens_per_s", "mfu", "peak_mem_bytes", ...}',
+    )
     p.add_argument("--iters", type=int, default=5, help="timed steps per mode and round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds")
-    p.add_argument("--generation", action="store_true",
-                   help="also time sampling 500 tokens, with and without the KV cache")
-    p.add_argument("--tokenizers", default=None, metavar="TEXT_FILE",
-                   help="--tokenizers[=F]: also time tokenising F (bare: generated text) with the char and GPT-2 "
-                   "tokenizers")
+    p.add_argument(
+        "--generation", action="store_true", help="also time sampling 500 tokens, with and without the KV cache"
+    )
+    p.add_argument(
+        "--tokenizers",
+        default=None,
+        metavar="TEXT_FILE",
+        help="--tokenizers[=F]: also time tokenising F (bare: generated text) with the char and GPT-2 tokenizers",
+    )
     return p
+
+
+def add_time_to_loss(p: argparse.ArgumentParser) -> None:
+    """bench's time-to-quality options (--target_loss and what goes with it)."""
+    p.add_argument(
+        "--target_loss",
+        type=float,
+        default=None,
+        metavar="X",
+        help="time to loss: train the config from scratch until the val loss on a fixed held-out set is "
+        "X or less; prints wall seconds of training (evaluations not counted), steps and tokens",
+    )
+    p.add_argument(
+        "--eval_every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --target_loss: check the loss every N steps (default max_iters / 100)",
+    )
+    p.add_argument(
+        "--eval_tokens",
+        type=int,
+        default=131072,
+        metavar="N",
+        help="with --target_loss: held-out tokens (the val split's first N, in block_size windows)",
+    )
+    p.add_argument(
+        "--max_seconds",
+        type=float,
+        default=math.inf,
+        metavar="S",
+        help="with --target_loss: give up after S seconds of training",
+    )

@@ -1,5 +1,7 @@
-"""The ground floor: what every stage stands on and nothing of gptforge above it. `errors` (UserError), `console`
-(messages and progress on stderr), `files` (run-folder names, atomic writes, downloads), `allocator` (glibc malloc
-settings), `shape` (the model's shape keys, torch-free), `aliases` and `config` (TrainConfig and its loading),
-`device` (device / dtype / compile resolution) and `distributed` (torchrun process groups, the stop flag). Imports only
-the standard library, torch and numpy; the dashboard may use `errors`, `files` and `config`, which import no torch."""
+"""The ground floor: what every stage stands on, and nothing of gptforge above it. `errors` (UserError), `console`
+(messages and progress on stderr), `files` (run-folder names, atomic writes and their stale temporaries, downloads),
+`allocator` (glibc malloc settings), `settings` (how a setting is declared and checked), `shape` (the model's shape
+keys, written once), `aliases` and `config` (TrainConfig and its loading), `memory` (what training needs, estimated
+before anything is allocated), `device` (device / dtype / compile resolution) and `distributed` (torchrun process
+groups, the stop flag). Imports only the standard library, torch and numpy; everything before `device` is
+torch-free, so the dashboard may use `errors`, `files` and `config`."""

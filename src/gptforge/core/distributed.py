@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gptforge.core.device import device_type, resolve_device
+from gptforge.core.device import configure_backends, device_type, resolve_device
 
 
 @dataclass
@@ -32,11 +32,27 @@ class DistEnv:
     def device_type(self) -> str:
         return device_type(self.device)
 
+    def fsdp(self, parallel: str) -> bool:
+        """Whether the model is sharded: parallel='fsdp' and more than one process (one process never shards)."""
+        return self.ddp and parallel == "fsdp"
+
+    def micro_steps(self, gradient_accumulation_steps: int) -> int:
+        """Micro-batches per optimizer step on this rank (the setting counts them over all ranks)."""
+        return gradient_accumulation_steps // self.world_size
+
+    def say(self, message: str) -> None:
+        """A message for the person running training, from rank 0 only (the run's own lines go to stdout)."""
+        if self.is_main and message:
+            print(message, flush=True)
+
 
 def setup_distributed(device: str, backend: str) -> DistEnv:
-    """One process per device under torchrun (RANK etc. set); otherwise a single process on `device`."""
+    """One process per device under torchrun (RANK etc. set); otherwise a single process on `device`. The device's
+    backends are configured (CPU threads, TF32) before anything runs on it."""
     if "RANK" not in os.environ:
-        return DistEnv(device=resolve_device(device))
+        env = DistEnv(device=resolve_device(device))
+        configure_backends(env.device_type)
+        return env
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     device = resolve_device(device)
@@ -55,7 +71,9 @@ def setup_distributed(device: str, backend: str) -> DistEnv:
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
     else:
         dist.init_process_group(backend=backend)
-    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, ddp=True, restart=restart)
+    env = DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, ddp=True, restart=restart)
+    configure_backends(env.device_type)
+    return env
 
 
 def teardown(env: DistEnv) -> None:

@@ -31,7 +31,7 @@ def step_checkpoint_name(step: int) -> str:
 
 def temp_path(path: str) -> str:
     """Where `path` is written before it takes its name: `.<name>.<pid>.tmp` in the same folder, so a rename
-    replaces it in one step and a later start can tell whose writer left it (checkpoint.remove_stale_temporaries)."""
+    replaces it in one step and a later start can tell whose writer left it (remove_stale_temporaries, below)."""
     folder, name = os.path.split(os.path.abspath(path))
     return os.path.join(folder, f".{name}.{os.getpid()}.tmp")
 
@@ -103,3 +103,40 @@ def download(url: str, dest: str, offline_hint: str) -> None:
     except (OSError, ValueError) as e:  # URLError, HTTPError, timeouts and disk errors are all OSErrors
         reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
         raise UserError(f"could not download {url} ({reason}). Offline? {offline_hint}") from None
+
+
+_TMP = re.compile(r"\..+\.(\d+)\.tmp")  # files.atomic_write's temporary files: .<name>.<pid>.tmp
+
+
+def remove_stale_temporaries(folder: str) -> list[str]:
+    """Delete the temporary files (checkpoints, config.json, metrics) of writers killed mid-write: their process
+    is gone."""
+    removed = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        match = _TMP.fullmatch(name)
+        if not match or _alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(folder, name))
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def has_checkpoint(out_dir: str) -> bool:
+    """Whether out_dir holds a checkpoint file (ckpt.pt, ckpt_best.pt or a step checkpoint), readable or not: with
+    --resume=auto such a folder is continued, never started over."""
+    if not os.path.isdir(out_dir):
+        return False
+    return any(name in (CKPT, BEST_CKPT) or STEP_FILE.fullmatch(name) for name in os.listdir(out_dir))

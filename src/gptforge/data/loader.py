@@ -332,13 +332,6 @@ class ShardedBatches:
 Batches = RandomBatches | ShardedBatches
 
 
-def loader_kind(meta: dict[str, Any], choice: str = "auto") -> str:
-    """'sharded' or 'random': the data_loader setting, where 'auto' means sharded for a shard dataset."""
-    if choice == "auto":
-        return "sharded" if meta.get("format") == "shards" else "random"
-    return choice
-
-
 def make_batches(
     folder: str,
     meta: dict[str, Any],

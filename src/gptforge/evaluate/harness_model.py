@@ -25,7 +25,8 @@ from tqdm import tqdm
 
 from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
 from gptforge.core.errors import UserError
-from gptforge.weights.checkpoint import load_model
+from gptforge.infer.engine import generate_stream
+from gptforge.weights.load import load_model
 
 
 def check_text_tokenizer(tokenizer: Any) -> None:
@@ -154,7 +155,7 @@ class GPTForgeLM(TemplateLM):
             idx = torch.tensor([tokens], dtype=torch.long, device=self._device)
             new: list[int] = []
             with self.ctx:
-                for token in self.model.generate_stream(idx, max_new, temperature=temperature):
+                for token in generate_stream(self.model, idx, max_new, temperature=temperature):
                     if int(token) == self.eot_token_id:
                         break
                     new.append(int(token))

@@ -5,8 +5,10 @@ HellaSwag" has what to expect; under torchrun each rank scores every world_size-
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,12 +16,13 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from gptforge.core import console
+from gptforge.core.config import TrainConfig
 from gptforge.core.device import autocast_context, resolve_dtype
-from gptforge.core.distributed import setup_distributed, teardown
+from gptforge.core.distributed import DistEnv, setup_distributed, teardown
 from gptforge.core.errors import UserError
 from gptforge.core.files import download
-from gptforge.tokenizer.spec import Tokenizer
-from gptforge.weights.checkpoint import load_model
+from gptforge.tokenizer.spec import Tokenizer, from_spec, tokenizer_spec
+from gptforge.weights.load import load_model
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 CACHE_ENV = "GPTFORGE_CACHE_DIR"
@@ -199,28 +202,16 @@ def evaluate_hellaswag(
     rendered.sort(key=lambda r: r[0].size(1))  # the counts do not depend on the order
     was_training = model.training
     model.eval()
-    counts = torch.zeros(3, dtype=torch.long)  # n, correct, correct_norm
     desc = "hellaswag" if world_size == 1 else f"hellaswag (rank 0's share of {world_size})"
     bar = console.progress(len(rendered), desc, "ex", enabled=progress and rank == 0)
     sharded = _sharded(model)
-    count = len(rendered)  # examples this rank goes through
+    count, dummy = len(rendered), None  # examples this rank goes through
     if sharded:  # every forward gathers each block's weights from all ranks: all ranks run the same count
         count = -(-len(examples) // world_size)  # the largest share
+        dummy = [render_example(examples[0], tokenizer, block_size)]  # a forward for the others' sake
         _raw_model(model).unshard()  # the root's own weights (embeddings, head), which hidden_states() reads
     try:
-        for start in range(0, count, batch_examples):
-            batch = rendered[start : start + batch_examples]
-            if not batch:  # this rank's share is done: a forward for the others' sake, not counted
-                score_rendered(model, [render_example(examples[0], tokenizer, block_size)], device, ctx)
-                continue
-            sum_loss, mean_loss = score_rendered(model, batch, device, ctx)
-            labels = torch.tensor([label for _, _, label in batch])
-            counts += torch.stack(
-                [torch.tensor(len(batch)), (sum_loss.argmin(1) == labels).sum(), (mean_loss.argmin(1) == labels).sum()]
-            )
-            if bar is not None:
-                bar.update(len(batch))
-                bar.set_postfix(acc_norm=f"{counts[2].item() / counts[0].item():.4f}", refresh=False)
+        counts = _count_share(model, rendered, count, batch_examples, dummy, device, ctx, bar)
     finally:
         if bar is not None:
             bar.close()
@@ -238,6 +229,26 @@ def evaluate_hellaswag(
         "acc": correct / n if n else float("nan"),
         "acc_norm": correct_norm / n if n else float("nan"),
     }
+
+
+def _count_share(model, rendered, count: int, batch_examples: int, dummy, device: str, ctx, bar) -> torch.Tensor:
+    """(n, correct, correct_norm) over this rank's rendered examples, `batch_examples` per forward pass, for
+    `count` examples: past its own share a sharded model runs `dummy` (not counted) so every rank takes part."""
+    counts = torch.zeros(3, dtype=torch.long)
+    for start in range(0, count, batch_examples):
+        batch = rendered[start : start + batch_examples]
+        if not batch:
+            score_rendered(model, dummy, device, ctx)
+            continue
+        sum_loss, mean_loss = score_rendered(model, batch, device, ctx)
+        labels = torch.tensor([label for _, _, label in batch])
+        counts += torch.stack(
+            [torch.tensor(len(batch)), (sum_loss.argmin(1) == labels).sum(), (mean_loss.argmin(1) == labels).sum()]
+        )
+        if bar is not None:
+            bar.update(len(batch))
+            bar.set_postfix(acc_norm=f"{counts[2].item() / counts[0].item():.4f}", refresh=False)
+    return counts
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -298,3 +309,21 @@ def eval_hellaswag(
         return result
     finally:
         teardown(env)
+
+
+def hellaswag_task(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Callable[..., dict[str, Any]] | None:
+    """HellaSwag scoring during training, its examples loaded (and checked) before any training."""
+    if cfg.hellaswag_interval <= 0:
+        return None
+    tokenizer = from_spec(tokenizer_spec(meta))
+    check_tokenizer(tokenizer)
+    examples = load_examples(hellaswag_file(cfg.hellaswag_path or None), cfg.hellaswag_limit or None)
+    return functools.partial(
+        evaluate_hellaswag,
+        tokenizer=tokenizer,
+        examples=examples,
+        device=env.device,
+        rank=env.rank,
+        world_size=env.world_size,
+        progress=env.is_main,
+    )

@@ -9,12 +9,13 @@ from collections.abc import Callable
 
 import torch
 
+from gptforge.core.config import loader_kind
 from gptforge.core.console import log
 from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
 from gptforge.core.errors import UserError
-from gptforge.data.loader import Batches, dataset_dir, loader_kind, make_batches, read_meta
+from gptforge.data.loader import Batches, dataset_dir, make_batches, read_meta
 from gptforge.tokenizer.spec import tokenizer_spec
-from gptforge.weights.checkpoint import load_model
+from gptforge.weights.load import load_model
 
 
 @torch.no_grad()

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import math
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,31 +13,15 @@ from gptforge.core.console import log
 from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
+from gptforge.core.settings import check_fields
 from gptforge.data.sources import read_txt
-from gptforge.model.gpt import GPT, WINDOWS
+from gptforge.infer.engine import generate, generate_stream
+from gptforge.infer.options import SampleArgs
+from gptforge.model.gpt import GPT
 from gptforge.tokenizer.spec import from_spec, tokenizer_spec
-from gptforge.weights.checkpoint import load_model
+from gptforge.weights.load import load_model
 
 SEPARATOR = "---------------"
-
-
-@dataclass
-class SampleArgs:
-    out_dir: str = "out"
-    init_from: str = "resume"  # 'resume' (out_dir/ckpt.pt), a GPT-2 name ('gpt2', ...) or a Hugging Face folder
-    ckpt: str | None = None  # with init_from='resume': this checkpoint file instead of out_dir/ckpt.pt
-    start: str = "\n"
-    num_samples: int = 10
-    max_new_tokens: int = 500
-    temperature: float = 0.8
-    top_k: int = 200
-    top_p: float = 1.0
-    stop_token: int = -1
-    seed: int = 1337
-    device: str = "auto"
-    dtype: str = "auto"
-    use_cache: bool = True
-    window: str = "slide"  # past block_size: 'slide' (nanoGPT's), 'half' or 'stream' (rotary); GPT.generate_stream
 
 
 def read_start(start: str) -> str:
@@ -57,17 +39,7 @@ def sample(args: SampleArgs, out=None) -> list[str]:
     same whatever num_samples is. Returns the texts.
     """
     out = out or sys.stdout
-    for key in ("num_samples", "max_new_tokens"):
-        if getattr(args, key) <= 0:
-            raise UserError(f"--{key} must be a positive integer, got {getattr(args, key)}")
-    if not 0.0 <= args.temperature < math.inf:
-        raise UserError(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
-    if args.top_k < 0:
-        raise UserError(f"--top_k must not be negative (0 = all tokens), got {args.top_k}")
-    if not 0.0 < args.top_p <= 1.0:
-        raise UserError(f"--top_p must be in (0, 1], got {args.top_p} (1 = off)")
-    if args.window not in WINDOWS:
-        raise UserError(f"--window must be one of {', '.join(WINDOWS)}, got {args.window!r}")
+    check_fields(args)
     device = resolve_device(args.device)
     model, tok, _ = load_model(args.out_dir, args.ckpt, args.init_from, device)
     dtype = resolve_dtype(args.dtype, device_type(device), model.config.n_embd)  # train's rule, for this model
@@ -93,35 +65,39 @@ def sample(args: SampleArgs, out=None) -> list[str]:
             if not model.config.rotary
             else "--window=stream is the KV cache's own window: drop --no_cache"
         )
-    texts = []
-    for i in range(args.num_samples):
-        generator = torch.Generator(device=device).manual_seed(args.seed + i)
-        idx = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
-        ids, shown = list(prompt), start if tok.decode(prompt) == start else tok.decode(prompt)
-        out.write(shown)
-        with autocast_context(device_type(device), dtype):
-            for token in model.generate_stream(
-                idx,
-                args.max_new_tokens,
-                temperature=args.temperature,
-                top_k=args.top_k or None,
-                top_p=args.top_p,
-                generator=generator,
-                stop_token=args.stop_token if args.stop_token >= 0 else None,
-                use_cache=args.use_cache,
-                window=args.window,
-            ):
-                ids.append(int(token))
-                text = tok.decode(ids)
-                if not text.endswith("\ufffd"):  # hold back a multi-byte character until it is whole
-                    out.write(text[len(shown) :])
-                    out.flush()
-                    shown = text
+    with autocast_context(device_type(device), dtype):
+        return [stream_one(model, tok, prompt, start, args, args.seed + i, out) for i in range(args.num_samples)]
+
+
+def stream_one(model: GPT, tok: Any, prompt: list[int], start: str, args: SampleArgs, seed: int, out) -> str:
+    """One sample from its own generator (seeded `seed`), written to `out` as it grows; returns its text."""
+    device = str(next(model.parameters()).device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.tensor([prompt], dtype=torch.long, device=device)  # (1, T)
+    ids, shown = list(prompt), start if tok.decode(prompt) == start else tok.decode(prompt)
+    out.write(shown)
+    for token in generate_stream(
+        model,
+        idx,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k or None,
+        top_p=args.top_p,
+        generator=generator,
+        stop_token=args.stop_token if args.stop_token >= 0 else None,
+        use_cache=args.use_cache,
+        window=args.window,
+    ):
+        ids.append(int(token))
         text = tok.decode(ids)
-        out.write(text[len(shown) :] + "\n" + SEPARATOR + "\n")
-        out.flush()
-        texts.append(text)
-    return texts
+        if not text.endswith("\ufffd"):  # hold back a multi-byte character until it is whole
+            out.write(text[len(shown) :])
+            out.flush()
+            shown = text
+    text = tok.decode(ids)
+    out.write(text[len(shown) :] + "\n" + SEPARATOR + "\n")
+    out.flush()
+    return text
 
 
 class Sampler:
@@ -145,7 +121,7 @@ class Sampler:
         model.eval()
         try:
             with ctx:
-                out = model.generate(idx, self.tokens, temperature=1.0, top_k=50, generator=self.generator)
+                out = generate(model, idx, self.tokens, temperature=1.0, top_k=50, generator=self.generator)
         finally:
             model.train(was_training)
         return [self.tok.decode(row.tolist()) for row in out]

@@ -4,15 +4,15 @@ weights map onto it one to one. Torch only; nothing else of the package."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from gptforge.core.shape import ModelShape
 from gptforge.model.layers import (
     Dropout,
     KVCache,
@@ -24,39 +24,12 @@ from gptforge.model.layers import (
 )
 
 
-@dataclass
-class GPTConfig:
-    block_size: int = 1024  # longest context the position table covers
+@dataclass(frozen=True)
+class GPTConfig(ModelShape):
+    """The network's settings: the model's shape, dropout and switches (core/shape.py, written once there) and
+    the vocabulary, which comes from the data."""
+
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64: faster matmuls, the extra rows go unused
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # GPT-2 has biases in Linear and LayerNorm; False is slightly better and faster
-    # The modern recipe's switches (modded-nanogpt, nanochat), all off by default: off, the model is GPT-2's.
-    rotary: bool = False  # rotary position embeddings on q and k instead of the learned position table
-    rope_base: float = 10000.0  # rotary: the wavelength base
-    rmsnorm: bool = False  # parameter-free RMSNorm instead of LayerNorm, and one more after the embedding
-    qk_norm: bool = False  # RMS-normalise q and k per head (after rotary) before attention
-    relu2: bool = False  # ReLU(x)^2 in the MLP instead of GELU
-    untie_head: bool = False  # an output head of its own instead of the input embedding's transpose
-    zero_init: bool = False  # output projections (attention's and the MLP's c_proj) start at zero
-    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap)
-
-
-# The switches and their off values; a checkpoint without them (older gptforge, nanoGPT) has them off.
-SWITCHES = {
-    name: getattr(GPTConfig, name)
-    for name in ("rotary", "rope_base", "rmsnorm", "qk_norm", "relu2", "untie_head", "zero_init", "logit_softcap")
-}
-# The GPTConfig fields a checkpoint's `model_args` must fix (dropout may change between runs).
-MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", *SWITCHES)
-
-
-def model_args(settings: Any, vocab_size: int) -> dict[str, Any]:
-    """The MODEL_ARGS of a new model: its shape from `settings` (a TrainConfig), its vocabulary from the data
-    (model_vocab_size)."""
-    return {**{k: getattr(settings, k) for k in MODEL_ARGS if k != "vocab_size"}, "vocab_size": vocab_size}
 
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # rotary cos and sin (T, head_size / 2)
@@ -93,18 +66,23 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
-        causal = True
+        causal, mask = True, None
         if cache is not None:
-            # A prefill (empty cache) is causal over the prompt; after it, one new token attends to every
-            # cached one, all in its past, so no mask is needed.
-            assert cache.position == 0 or T == 1, "after the prefill, feed one token at a time"
-            causal = cache.position == 0
-            k, v = cache.update(layer, k, v)  # (B, nh, length + T, hs)
+            # A prefill (empty cache) is causal over the prompt; one new token attends to every cached one, all in
+            # its past; several new tokens after cached ones (a conversation's next turn) see all the cached ones
+            # and, among themselves, their past.
+            past = cache.length
+            assert past == 0 or T == 1 or not cache.ring, "a ring cache takes one token at a time after its prefill"
+            causal = past == 0
+            if past and T > 1:
+                mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)  # (T, past + T)
+            k, v = cache.update(layer, k, v)  # (B, nh, past + T, hs)
         p = self.dropout if self.training else 0.0
         if self.fast_dropout and 0.0 < p < 1.0 and causal:
             y = attention_fast_dropout(q, k, v, p)
         else:  # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal and T > 1)  # (B, nh, T, hs)
+            masked = {"attn_mask": mask} if mask is not None else {}  # (T, past + T): new tokens after cached ones
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal and T > 1, **masked)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
@@ -242,7 +220,7 @@ class GPT(nn.Module):
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context length (e.g. GPT-2's 1024 to a smaller block_size for fine-tuning)."""
         assert 0 < block_size <= self.config.block_size, "can only crop to a smaller block_size"
-        self.config.block_size = block_size
+        self.config = dataclasses.replace(self.config, block_size=block_size)
         if "wpe" in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
 
@@ -259,116 +237,6 @@ class GPT(nn.Module):
         """Model FLOPs utilisation: achieved FLOP/s (fwdbwd_per_iter sequences in dt seconds) / peak_flops."""
         flops_per_iter = self.flops_per_token(seq_len) * (seq_len or self.config.block_size) * fwdbwd_per_iter
         return flops_per_iter / dt / peak_flops
-
-    @torch.no_grad()
-    def generate(
-        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None, **options
-    ) -> torch.Tensor:
-        """Append up to max_new_tokens sampled tokens to idx (B, T); returns (B, T + n).
-
-        temperature 0 = greedy; top_k keeps the k likeliest tokens; `options` are generate_stream's: top_p (the
-        smallest set holding p of the probability), stop_token (generation ends early once every row has
-        produced it; finished rows are padded with it), generator (draws from it leave the global RNG alone),
-        use_cache, window ('slide', nanoGPT's context, or 'half', faster on long samples).
-        """
-        return torch.cat([idx, *self.generate_stream(idx, max_new_tokens, temperature, top_k, **options)], dim=1)
-
-    @torch.no_grad()
-    def generate_stream(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        stop_token: int | None = None,
-        generator: torch.Generator | None = None,
-        use_cache: bool = True,
-        window: str = "slide",
-    ) -> Iterator[torch.Tensor]:
-        """Yield each new token (B, 1) as it is sampled; see generate().
-
-        The context each token is predicted from (`window`), once the sequence no longer fits in block_size:
-        - 'slide' (nanoGPT's sample.py): the last block_size tokens at every step. Positions are absolute, so
-          every cached key shifts by one each step: the window is run from scratch per token.
-        - 'half': only the last block_size // 2 tokens, growing again from there until it fills: one pass per
-          block_size // 2 tokens, then cached steps, so faster on long samples but a shorter context.
-        - 'stream' (rotary models, with the cache): the cache keeps the last block_size tokens' keys and values
-          and drops the oldest, so every step is one cached token. Each kept key keeps the context it was
-          computed in: sliding-window attention over the whole sequence, not 'slide's recomputed window.
-        While the sequence fits, all feed the whole sequence. With the cache, a window is run once (prefill),
-        then one token per step; without it, the same window is recomputed at every step: same tokens.
-        """
-        if window not in WINDOWS:
-            raise ValueError(f"window must be one of {WINDOWS}, got {window!r}")
-        if window == "stream" and not (self.config.rotary and use_cache):
-            raise ValueError("window 'stream' needs a rotary model (learned positions end at block_size) and the cache")
-        block_size = self.config.block_size
-        cache, cache_start, start = None, -1, max(0, idx.size(1) - block_size)
-        seq = idx
-        done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-        for _ in range(max_new_tokens):
-            start = context_start(seq.size(1), start, block_size, window)
-            if window == "stream" and cache is None:
-                cache = KVCache(self.config.n_layer, block_size, ring=True)
-                logits, _ = self(seq[:, start:], cache=cache)  # prefill: the last block_size tokens at most
-            elif window == "stream" or (use_cache and cache is not None and start == cache_start):
-                logits, _ = self(seq[:, -1:], cache=cache)  # one new token against the cached ones
-            elif use_cache and (window == "half" or seq.size(1) < block_size):
-                # a window that later steps extend: 'half' always, 'slide' only until the sequence fills it
-                cache, cache_start = KVCache(self.config.n_layer, block_size), start
-                logits, _ = self(seq[:, start:], cache=cache)  # prefill the window
-            else:
-                cache = None  # a sliding window's cache would be stale at the next step: free it
-                logits, _ = self(seq[:, start:])
-            token = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p, generator)  # (B, 1)
-            if stop_token is not None:
-                token = token.masked_fill(done.unsqueeze(1), stop_token)
-                done |= token.squeeze(1) == stop_token
-            seq = torch.cat((seq, token), dim=1)
-            yield token
-            if stop_token is not None and bool(done.all()):
-                return
-
-
-# generate()'s context windows once the sequence outgrows block_size; the first is the default (nanoGPT's).
-WINDOWS = ("slide", "half", "stream")
-
-
-def context_start(length: int, start: int, block_size: int, window: str) -> int:
-    """Where the context of the next token begins in a sequence of `length` tokens, given the previous step's
-    `start`: 'slide' keeps the last block_size tokens; 'half' keeps its window until the window outgrows
-    block_size, then restarts it from the last block_size // 2 tokens."""
-    if window in ("slide", "stream"):
-        return max(0, length - block_size)
-    if length - start > block_size:
-        return length - max(1, block_size // 2)
-    return start
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """One token per row from logits (B, V): greedy at temperature 0, else softmax sampling after top-k / top-p."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k).values[:, [-1]]  # (B, 1): the k-th largest logit
-        logits = logits.masked_fill(logits < kth, -float("inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)  # (B, V)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # drop a token when the tokens before it already hold top_p: the likeliest one always stays
-        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
-        drop = drop_sorted.scatter(1, order, drop_sorted)  # back to vocabulary order
-        logits = logits.masked_fill(drop, -float("inf"))
-    probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
 
 
 def model_vocab_size(meta: dict) -> int:

@@ -57,7 +57,7 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor
     64-bit draw of torch's generator (seeded and checkpointed like the rest of torch's random state).
 
     torch's own dropout draws one float per element through bernoulli_, 17-25% of a CPU training step with
-    dropout 0.2 (../shared/PERF-FINDINGS.md); this makes a quarter of the draws and one comparison, and the
+    dropout 0.2 (docs/PERFORMANCE.md); this makes a quarter of the draws and one comparison, and the
     mask is applied by a multiplication, the cheapest of the masking ops on a CPU (docs/PERFORMANCE.md).
     """
     if torch.compiler.is_compiling():  # inductor fuses its own draws into the kernel; random_ would break the graph

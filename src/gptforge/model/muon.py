@@ -47,9 +47,16 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def __init__(self, groups: Iterable[dict[str, Any]]):
         defaults = dict(
-            kind="adamw", lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, momentum=0.95,
-            momentum_warmup=300, ns_steps=5, lr_scale=1.0,
-        )  # fmt: skip
+            kind="adamw",
+            lr=1e-3,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            weight_decay=0.0,
+            momentum=0.95,
+            momentum_warmup=300,
+            ns_steps=5,
+            lr_scale=1.0,
+        )
         super().__init__(list(groups), defaults)
         for group in self.param_groups:
             if group["kind"] == "muon" and any(p.dim() != 2 for p in group["params"]):

@@ -12,7 +12,7 @@ from typing import Any
 
 from gptforge.core.errors import UserError
 from gptforge.core.files import write_bytes
-from gptforge.tokenizer.hf_format import tokenizer_config, tokenizer_json
+from gptforge.tokenizer.hf_format import GPTFORGE_FILE, tokenizer_config, tokenizer_json
 from gptforge.tokenizer.specials import BOS, SPECIALS
 
 # GPT-4's (cl100k) split pattern with numbers cut into runs of at most two digits (nanochat's variant). Training and
@@ -24,7 +24,6 @@ PATTERN = (
 )
 
 # A tokenizer folder's files
-GPTFORGE_FILE = "gptforge_tokenizer.json"  # name, pattern, specials, vocab size, how it was trained
 RANKS_FILE = "tokenizer.tiktoken"  # each ordinary token's bytes (base64) and rank, a line each, as OpenAI's files
 HF_FILE = "tokenizer.json"  # Hugging Face tokenizers
 HF_CONFIG_FILE = "tokenizer_config.json"  # transformers' AutoTokenizer
@@ -150,8 +149,10 @@ class BPETokenizer:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise UserError(f"{folder}: cannot read the tokenizer ({type(e).__name__}: {e}); re-create it") from None
         if meta.get("vocab_size", tok.vocab_size) != tok.vocab_size:
-            raise UserError(f"{folder}: {GPTFORGE_FILE} says vocab_size {meta['vocab_size']} but the files hold "
-                            f"{tok.vocab_size} tokens; re-create the tokenizer")  # fmt: skip
+            raise UserError(
+                f"{folder}: {GPTFORGE_FILE} says vocab_size {meta['vocab_size']} but the files hold "
+                f"{tok.vocab_size} tokens; re-create the tokenizer"
+            )
         return tok
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gptforge.core.errors import UserError
+from gptforge.tokenizer.hf_format import GPTFORGE_FILE, char_tokenizer_json, write_json
 
 
 class CharTokenizer:
@@ -36,3 +37,10 @@ class CharTokenizer:
 
     def spec(self) -> dict[str, Any]:
         return {"tokenizer": self.kind, "itos": self.itos}
+
+    def save(self, folder: str, model_max_length: int | None = None) -> None:
+        """The vocabulary as Hugging Face tokenizer files (AutoTokenizer loads them) and gptforge's record."""
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+        write_json(folder, "tokenizer.json", char_tokenizer_json(self.itos))
+        write_json(folder, "tokenizer_config.json", {**config, "model_max_length": model_max_length or 10**9})
+        write_json(folder, GPTFORGE_FILE, {**self.spec(), "vocab_size": self.vocab_size})

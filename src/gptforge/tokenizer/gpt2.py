@@ -7,10 +7,13 @@ import os
 from typing import Any
 
 from gptforge.core.errors import UserError
+from gptforge.core.files import write_bytes
+from gptforge.tokenizer.hf_format import GPTFORGE_FILE, byte_to_char, write_json
 
 GPT2_EOT = 50256  # <|endoftext|>
 GPT2_VOCAB = 50257
 BPE_DIR_ENV = "GPTFORGE_GPT2_BPE_DIR"
+EOT_TEXT = "<|endoftext|>"
 
 
 class GPT2Tokenizer:
@@ -34,6 +37,22 @@ class GPT2Tokenizer:
 
     def spec(self) -> dict[str, Any]:
         return {"tokenizer": self.kind}
+
+    def save(self, folder: str, model_max_length: int | None = None) -> None:
+        """GPT-2's tokenizer files for transformers' GPT2Tokenizer, rebuilt from tiktoken's gpt2 encoding, and
+        gptforge's record. vocab.json maps each token, written in GPT-2's byte-to-unicode alphabet, to its id;
+        merges.txt lists the 50,000 merges in rank order. Both equal OpenAI's encoder.json and vocab.bpe."""
+        vocab, merges = gpt2_vocab_and_merges(self.enc)
+        write_json(folder, "vocab.json", vocab)
+        merges_text = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
+        write_bytes(os.path.join(folder, "merges.txt"), merges_text.encode("utf-8"), what=folder)
+        special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
+        write_json(folder, "special_tokens_map.json", special)
+        config = {"tokenizer_class": "GPT2Tokenizer", **special, "model_max_length": model_max_length or 1024}
+        config.update(add_prefix_space=False, add_bos_token=False, errors="replace")
+        config["clean_up_tokenization_spaces"] = False  # decode gives back the text exactly, as tiktoken does
+        write_json(folder, "tokenizer_config.json", config)
+        write_json(folder, GPTFORGE_FILE, self.spec())
 
 
 def _gpt2_encoding():
@@ -67,3 +86,44 @@ def _encoding_from_files(bpe_dir: str):
     return tiktoken.Encoding(
         name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": GPT2_EOT}
     )
+
+
+def gpt2_vocab_and_merges(enc: Any) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """(vocab.json's dict, merges.txt's pairs) from a tiktoken GPT-2 encoding.
+
+    tiktoken keeps only each token's bytes and rank. A token of rank r >= 256 was made by one merge of two
+    tokens of lower rank; which two is what byte-pair encoding of its bytes with only the merges below r
+    ends with (the same procedure tiktoken applies to text), so the merges come back in rank order.
+    """
+    ranks = {enc.decode_single_token_bytes(i): i for i in range(enc.n_vocab) if i != enc.eot_token}
+    to_text = byte_to_char()
+
+    def text(token: bytes) -> str:
+        return "".join(to_text[b] for b in token)
+
+    vocab = {text(token): rank for token, rank in ranks.items()}
+    vocab[EOT_TEXT] = enc.eot_token
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if rank < 256:
+            assert len(token) == 1, f"GPT-2's first 256 tokens are single bytes; rank {rank} is {token!r}"
+            continue
+        parts = _bpe(ranks, token, max_rank=rank)
+        assert len(parts) == 2, f"token {token!r} (rank {rank}) is not one merge of lower-ranked tokens: {parts}"
+        merges.append((text(parts[0]), text(parts[1])))
+    return vocab, merges
+
+
+def _bpe(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
+    """Byte-pair encode `token`, merging only pairs whose rank is below max_rank, lowest rank first."""
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 1:
+        best_rank, best_i = max_rank, -1
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1], max_rank)
+            if rank < best_rank:
+                best_rank, best_i = rank, i
+        if best_i < 0:
+            break
+        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+    return parts

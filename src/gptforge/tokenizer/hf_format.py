@@ -1,12 +1,21 @@
-"""An own byte-level BPE vocabulary in Hugging Face's formats: `tokenizer.json` (what `tokenizers.Tokenizer.from_file`
+"""Vocabularies in Hugging Face's formats (and the file that tells gptforge which tokenizer a folder holds). An own
+byte-level BPE vocabulary: `tokenizer.json` (what `tokenizers.Tokenizer.from_file`
 and transformers' fast tokenizers read) and `tokenizer_config.json`. Built from the ranks alone (each token's bytes,
 lowest rank merged first, as tiktoken encodes), so a checkpoint's spec is enough to write them. Standard library only.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from gptforge.core.files import write_bytes
+
+# Written into every tokenizer folder gptforge makes (an own tokenizer's, and every export's): which tokenizer the
+# folder's model reads ({"tokenizer": "char" | "gpt2" | "bpe", ...}), so gptforge reads the folder back with it.
+GPTFORGE_FILE = "gptforge_tokenizer.json"
 
 
 def byte_to_char() -> dict[int, str]:
@@ -53,10 +62,17 @@ def tokenizer_json(ranks: Sequence[bytes], pattern: str, specials: Mapping[str, 
         return "".join(to_char[b] for b in token)
 
     added = [
-        {"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-         "special": True}
+        {
+            "id": i,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
         for s, i in sorted(specials.items(), key=lambda item: item[1])
-    ]  # fmt: skip
+    ]
     return {
         "version": "1.0",
         "truncation": None,
@@ -110,8 +126,34 @@ def tokenizer_config(specials: Mapping[str, int], bos: str, model_max_length: in
                 "special": True,
             }
             for s, i in specials.items()
-        },  # fmt: skip
+        },
     }
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
     return config
+
+
+def char_tokenizer_json(itos: Sequence[str]) -> dict[str, Any]:
+    """tokenizer.json for a character vocabulary: a BPE model with no merges and no pre-tokenizer splits text into
+    its characters, each one token (a character outside the vocabulary is dropped: gptforge refuses it instead);
+    the Fuse decoder joins them back without spaces."""
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None}
+    model.update(end_of_word_suffix=None, fuse_unk=False, byte_fallback=False, ignore_merges=False)
+    model.update(vocab={c: i for i, c in enumerate(itos)}, merges=[])
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {"type": "Fuse"},
+        "model": model,
+    }
+
+
+def write_json(folder: str, name: str, obj: Any) -> None:
+    """One JSON file of a tokenizer folder, written atomically."""
+    text = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+    write_bytes(os.path.join(folder, name), text.encode("utf-8"), what=folder)

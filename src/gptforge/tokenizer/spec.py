@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from gptforge.core.errors import UserError
 from gptforge.tokenizer.bpe import BPETokenizer
 from gptforge.tokenizer.char import CharTokenizer
 from gptforge.tokenizer.gpt2 import GPT2Tokenizer
+from gptforge.tokenizer.hf_format import GPTFORGE_FILE
 
 Tokenizer = CharTokenizer | GPT2Tokenizer | BPETokenizer
 
@@ -28,3 +31,21 @@ def tokenizer_spec(meta: dict[str, Any]) -> dict[str, Any]:
     """The spec `from_spec` reads, from a dataset's meta (checkpoints store it)."""
     own = {"char": ("itos",), "bpe": ("name", "pattern", "ranks", "specials")}.get(meta["tokenizer"], ())
     return {"tokenizer": meta["tokenizer"], **{key: meta[key] for key in own}}
+
+
+def folder_tokenizer(folder: str) -> Tokenizer:
+    """The tokenizer a Hugging Face model folder's model reads: the one its gptforge_tokenizer.json names (every
+    `gptforge export` writes it: a character vocabulary, GPT-2 BPE, or an own BPE whose files are beside it); a
+    folder without one (OpenAI's GPT-2, say) reads GPT-2 BPE."""
+    path = os.path.join(folder, GPTFORGE_FILE)
+    if not os.path.isfile(path):
+        return GPT2Tokenizer()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            record = json.load(fh)
+        kind = record["tokenizer"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(
+            f"{path}: not a readable tokenizer record ({type(e).__name__}: {e}); export the run again"
+        ) from None
+    return BPETokenizer.load(folder) if kind == "bpe" else from_spec(record)

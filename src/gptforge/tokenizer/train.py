@@ -28,8 +28,31 @@ from gptforge.tokenizer.bpe import GPTFORGE_FILE, PATTERN, BPETokenizer, load_to
 from gptforge.tokenizer.specials import SPECIALS
 
 # A folder contributes the files with these endings; a file named on its own is read whatever its name.
-TEXT_EXTENSIONS = (".txt", ".md", ".markdown", ".rst", ".tex", ".py", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp",
-                   ".rs", ".go", ".java", ".js", ".ts", ".html", ".css", ".sh", ".toml", ".yaml", ".yml")  # fmt: skip
+TEXT_EXTENSIONS = (
+    ".txt",
+    ".md",
+    ".markdown",
+    ".rst",
+    ".tex",
+    ".py",
+    ".pyi",
+    ".c",
+    ".h",
+    ".cc",
+    ".cpp",
+    ".hpp",
+    ".rs",
+    ".go",
+    ".java",
+    ".js",
+    ".ts",
+    ".html",
+    ".css",
+    ".sh",
+    ".toml",
+    ".yaml",
+    ".yml",
+)
 RECORD_EXTENSIONS = (".jsonl", ".jsonl.gz", ".parquet")  # one document per record, its text field
 MIN_VOCAB = 256 + len(SPECIALS)  # every byte, then the reserved specials
 MAX_CHARS = 1_000_000_000  # default cap on the characters read: about 10 minutes on 2 cores

@@ -1,4 +1,6 @@
-"""A training run: `setup` (everything built and checked before the first step), `loop` (train, the loop, one
-step), `checkpointer` (which checkpoint files at which step), `resume` (a resumed run's settings), `metrics` (the
-sinks every figure goes to) and `memory` (the estimate that refuses a config too big for the device). Imports every
-stage below it: `core`, `model`, `tokenizer`, `data`, `weights`, `infer`, `evaluate`."""
+"""A training run: `resume` (a resumed run's settings, from its config.json), `start` (where the run starts: the
+checkpoint it continues or the weights it fine-tunes, its config resolved once, the memory check, the model built),
+`setup` (everything else built and checked before the first step and before anything is written), `parallel` (the
+model placed, sharded, compiled, wrapped), `runstate` (what a resume needs besides the weights, captured and
+restored side by side), `checkpointer` (which checkpoint files at which step), `metrics` (the run folder's records,
+the console line, the sinks) and `loop` (train, the loop, one step). Imports every stage below it."""

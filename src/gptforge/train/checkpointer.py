@@ -12,15 +12,10 @@ from typing import Any
 import torch
 
 from gptforge.core.config import TrainConfig
-from gptforge.core.distributed import DistEnv, gather
+from gptforge.core.distributed import DistEnv
 from gptforge.core.files import BEST_CKPT, CKPT, step_checkpoint_name
-from gptforge.weights.checkpoint import (
-    FORMAT_VERSION,
-    capture_rng,
-    full_states,
-    rotate_step_checkpoints,
-    save_checkpoint,
-)
+from gptforge.train.runstate import capture
+from gptforge.weights.checkpoint import FORMAT_VERSION, rotate_step_checkpoints, save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -52,8 +47,10 @@ def saves_at(
     - The state a run resumed from (start_step) is on disk already: not written again.
     - ckpt.pt after an evaluation that improved val loss, or after every one with always_save; ckpt_best.pt
       when it improved.
-    - model_{step:05d}.pt every ckpt_interval steps and at the last step, which is named for the last step
-      taken (build-nanogpt's names: a 19,073-step run ends with model_19072.pt).
+    - model_{step:05d}.pt every ckpt_interval steps and at the last step; the number is always the iteration
+      the checkpoint holds and resumes from (a 19,073-step run ends with
+      model_19073.pt; build-nanogpt, and gptforge before, named that one model_19072.pt, and such files are still
+      read: load_resumable goes by the iteration stored inside).
     """
     last = step >= max_iters
     if eval_only:
@@ -63,7 +60,7 @@ def saves_at(
     if step <= start_step:
         return None
     latest = evaluated and (improved or always_save)
-    step_file = (step - 1 if last else step) if ckpt_interval > 0 and (step % ckpt_interval == 0 or last) else None
+    step_file = step if ckpt_interval > 0 and (step % ckpt_interval == 0 or last) else None
     if not latest and step_file is None:
         return None
     reason = "val loss improved" if improved else "always_save_checkpoint" if latest else "ckpt_interval"
@@ -81,7 +78,6 @@ class Checkpointer:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler,
-        fsdp: bool,
         start_step: int,
         fixed: dict[str, Any],
         log: Callable[[str], None],
@@ -89,7 +85,7 @@ class Checkpointer:
         """model: the GPT itself (sharded under FSDP), never a compile or DDP wrapper. start_step: where this
         process began (a resume's state is on disk already). fixed: what every checkpoint of the run holds alike:
         model_args, tokenizer, wandb_run_id."""
-        self.cfg, self.env, self.fsdp, self.log = cfg, env, fsdp, log
+        self.cfg, self.env, self.fsdp, self.log = cfg, env, env.fsdp(cfg.parallel), log
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.start_step = start_step
         self.fixed = {**fixed, "config": dataclasses.asdict(cfg)}
@@ -115,29 +111,18 @@ class Checkpointer:
         return save
 
     def write(self, save: Save, iter_num: int, best_val_loss: float, data_state: dict[str, Any]) -> None:
-        rngs, data_states = gather(capture_rng(), self.env), gather(data_state, self.env)  # every rank's
-        model_state, optimizer_state = full_states(self.model, self.optimizer, self.fsdp)
+        state = capture(self.model, self.optimizer, self.scaler, self.fsdp, self.env, data_state)
         if not self.env.is_main:
             return
         names = [CKPT] if save.latest else []
         names += [BEST_CKPT] if save.best else []
         names += [step_checkpoint_name(save.step_file)] if save.step_file is not None else []
         paths = [os.path.join(self.cfg.out_dir, name) for name in names]
-        f = self.fixed
-        state = {  # nanoGPT's keys first, then ours (docs/ARCHITECTURE.md "Files")
-            "model": model_state,
-            "optimizer": optimizer_state,
-            "optimizer_format": "fqn" if self.fsdp else "torch",
-            "model_args": f["model_args"],
+        state = {  # docs/ARCHITECTURE.md "Files": nanoGPT's keys (model, optimizer, model_args, iter_num,
+            **state,  # best_val_loss, config) and ours
+            **self.fixed,
             "iter_num": iter_num,
             "best_val_loss": best_val_loss,
-            "config": f["config"],
-            "scaler": self.scaler.state_dict(),
-            "rng": rngs[0],
-            "rng_per_rank": rngs,
-            "data_state": {"train": data_states[0], "train_per_rank": data_states},
-            "tokenizer": f["tokenizer"],
-            "wandb_run_id": f["wandb_run_id"],
             "format_version": FORMAT_VERSION,
         }
         save_checkpoint(paths[0], state, copies=paths[1:])

@@ -5,14 +5,18 @@ Record kinds and resume rules: docs/ARCHITECTURE.md "Files"."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import time
+from collections.abc import Callable, Collection
 from typing import Any
 
+from gptforge.core.config import TrainConfig
+from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
-from gptforge.core.files import LOG, METRICS, SAMPLES, TENSORBOARD, atomic_write
+from gptforge.core.files import CONFIG, LOG, METRICS, SAMPLES, TENSORBOARD, atomic_write, remove_stale_temporaries
 
 
 class Metrics:
@@ -23,8 +27,10 @@ class Metrics:
         resume_step: int | None = None,
         wandb: dict[str, Any] | None = None,
         tensorboard: bool = False,
+        continues: bool = True,
     ):
-        """wandb: None, or dict(project=..., name=..., config=..., id=...) to log there too."""
+        """wandb: None, or dict(project=..., name=..., config=..., id=...) to log there too. continues: a resumed
+        run trains on (not eval_only), so the `end` record of the step it resumes from no longer holds."""
         self.enabled = enabled
         self.jsonl_path = os.path.join(out_dir, METRICS)
         self.txt_path = os.path.join(out_dir, LOG)
@@ -32,15 +38,13 @@ class Metrics:
         self.wandb_run = self.tb = None
         if not enabled:
             return
-        _keep_before(self.jsonl_path, _jsonl_step, resume_step)
-        _keep_before(self.txt_path, _txt_step, resume_step)
+        self.jsonl = RecordFile(self.jsonl_path, _jsonl_record, resume_step, superseded={"end"} if continues else ())
+        self.txt = RecordFile(self.txt_path, _txt_record, resume_step)
         # samples.jsonl exists only once a run samples (the dashboard takes the file for samples); one left by an
         # earlier run in this folder still follows the resume rule
-        if os.path.exists(self.samples_path):
-            _keep_before(self.samples_path, _jsonl_step, resume_step)
-        self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
-        self.txt = open(self.txt_path, "a", encoding="utf-8")
         self.samples = None  # opened by the first log_samples
+        if os.path.exists(self.samples_path):
+            self.samples = RecordFile(self.samples_path, _samples_record, resume_step)
         if wandb is not None:
             self.wandb_run = _start_wandb(**wandb)
         if tensorboard:
@@ -56,10 +60,10 @@ class Metrics:
         if kind == "eval":
             values = with_perplexity(values)
         record = {"step": step, "kind": kind, **values, "time": round(time.time(), 3)}
-        _append(self.jsonl, json.dumps(record, allow_nan=True))
+        self.jsonl.append(step, kind, json.dumps(record, allow_nan=True))
         line = _txt_line(step, kind, values)
         if line:
-            _append(self.txt, line)
+            self.txt.append(step, line.split()[1], line)
         print(_console_line(step, kind, values), flush=True)
         numbers = {f"{kind}/{k}": v for k, v in values.items() if isinstance(v, (int, float)) and v is not None}
         if self.wandb_run is not None:
@@ -74,11 +78,8 @@ class Metrics:
             return
         record = {"step": step, "prompt": prompt, "samples": texts, "time": round(time.time(), 3)}
         if self.samples is None:
-            try:
-                self.samples = open(self.samples_path, "a", encoding="utf-8")
-            except OSError as e:
-                raise _write_error(self.samples_path, e) from None
-        _append(self.samples, json.dumps(record, ensure_ascii=False))
+            self.samples = RecordFile(self.samples_path, _samples_record, None, fresh=False)
+        self.samples.append(step, "samples", json.dumps(record, ensure_ascii=False))
         print(f"step {step}: samples", *[f"  > {t!r}" for t in texts], sep="\n", flush=True)
         joined = "\n\n---\n\n".join(texts)
         if self.wandb_run is not None:
@@ -107,12 +108,75 @@ class Metrics:
             self.wandb_run = None
 
 
-def _append(fh, line: str) -> None:
-    try:
-        fh.write(line + "\n")
-        fh.flush()
-    except OSError as e:  # e.g. the disk filled up: stop with the checkpoints written so far intact
-        raise _write_error(fh.name, e) from None
+class RecordFile:
+    """One of a run's append-only record files (metrics.jsonl, log.txt, samples.jsonl), one line per record of a
+    step and kind.
+
+    A fresh run empties it. A run resumed from the checkpoint of step N keeps every record of the steps before N,
+    drops those after N (no checkpoint covers them) and keeps those of step N until the resumed run writes a record
+    of the same kind at step N again (it re-runs step N's evaluation, say): only then is the old one replaced, so a
+    resume that does not redo one of them (a changed eval_interval, a stop before the evaluation) loses nothing. The
+    `end` record of step N goes at once when the resumed run trains on past it.
+    A line torn by a crash (no newline) is dropped. Every rewrite goes through files.atomic_write."""
+
+    def __init__(
+        self,
+        path: str,
+        parse: Callable[[str], tuple[int, str] | None],
+        resume_step: int | None,
+        fresh: bool = True,
+        superseded: Collection[str] = (),
+    ):
+        """superseded: kinds of record at resume_step that the resumed run makes untrue (`end`, when it trains on)."""
+        self.path, self.parse, self.resume_step = path, parse, resume_step
+        self.replaceable: set[str] = set()  # kinds of step resume_step still holding an old record
+        if fresh:
+            at = resume_step if resume_step is not None else -1
+            kept = self._read(keep=lambda step, kind: step < at or (step == at and kind not in superseded))
+            self.replaceable = {kind for step, kind, _ in kept if step == resume_step}
+            self._write([line for _, _, line in kept])
+        self.fh = self._open()
+
+    def append(self, step: int, kind: str, line: str) -> None:
+        if step == self.resume_step and kind in self.replaceable:
+            self.replaceable.discard(kind)  # the resumed run's own record of this kind replaces the old one
+            self.fh.close()
+            kept = self._read(keep=lambda s, k: not (s == step and k == kind))
+            self._write([line for _, _, line in kept])
+            self.fh = self._open()
+        elif step != self.resume_step:
+            self.replaceable.clear()
+        try:
+            self.fh.write(line + "\n")
+            self.fh.flush()
+        except OSError as e:  # e.g. the disk filled up: stop with the checkpoints written so far intact
+            raise _write_error(self.path, e) from None
+
+    def close(self) -> None:
+        self.fh.close()
+
+    def _read(self, keep: Callable[[int, str], bool]) -> list[tuple[int, str, str]]:
+        out = []
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    parsed = self.parse(line) if line.endswith("\n") else None  # no newline: torn mid-write
+                    if parsed is not None and keep(*parsed):
+                        out.append((*parsed, line))
+        return out
+
+    def _write(self, lines: list[str]) -> None:
+        try:
+            with atomic_write(self.path, "w", encoding="utf-8") as fh:
+                fh.writelines(lines)
+        except OSError as e:
+            raise _write_error(self.path, e) from None
+
+    def _open(self):
+        try:
+            return open(self.path, "a", encoding="utf-8")
+        except OSError as e:
+            raise _write_error(self.path, e) from None
 
 
 def _write_error(path: str, e: OSError) -> UserError:
@@ -194,29 +258,26 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def _jsonl_step(line: str) -> int | None:
+def _jsonl_record(line: str) -> tuple[int, str] | None:
+    """(step, kind) of a metrics.jsonl line; None for a line that is not a record."""
     try:
-        return int(json.loads(line)["step"])
+        record = json.loads(line)
+        return int(record["step"]), str(record["kind"])
     except (ValueError, KeyError, TypeError):
         return None
 
 
-def _txt_step(line: str) -> int | None:
-    first = line.split(maxsplit=1)[0] if line.strip() else ""
-    return int(first) if first.isdigit() else None
+def _samples_record(line: str) -> tuple[int, str] | None:
+    try:
+        return int(json.loads(line)["step"]), "samples"
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
-def _keep_before(path: str, parse, resume_step: int | None) -> None:
-    """Fresh run: empty the file. Resume from step N: keep the lines of steps before N."""
-    kept = []
-    if resume_step is not None and os.path.exists(path):
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                step = parse(line) if line.endswith("\n") else None  # no newline: torn by a crash mid-write
-                if step is not None and step < resume_step:
-                    kept.append(line)
-    with atomic_write(path, "w", encoding="utf-8") as fh:
-        fh.writelines(kept)
+def _txt_record(line: str) -> tuple[int, str] | None:
+    """(step, kind) of a log.txt line ('{step} {kind} {value}')."""
+    parts = line.split()
+    return (int(parts[0]), parts[1]) if len(parts) >= 2 and parts[0].isdigit() else None
 
 
 def _start_tensorboard(folder: str, purge_step: int | None):
@@ -237,3 +298,84 @@ def _start_wandb(project: str, name: str, config: dict[str, Any], id: str | None
     except ImportError:
         raise UserError("wandb_log=True needs wandb: pip install 'gptforge[wandb]', or set --wandb_log=False") from None
     return wandb.init(project=project, name=name, config=config, id=id, resume="allow" if id else None)
+
+
+class StepTimer:
+    """Seconds per step, averaged over the steps since the last log line, with running averages for ETA and MFU.
+    max_iters: where the run ends (the ETA); tokens_per_iter: tokens per step; mfu: a step time -> its MFU."""
+
+    def __init__(self, max_iters: int, tokens_per_iter: int, mfu: Callable[[float], float]) -> None:
+        self.max_iters, self.tokens_per_iter, self.step_mfu = max_iters, tokens_per_iter, mfu
+        self.seconds, self.steps, self.ema_dt, self.mfu = 0.0, 0, None, None
+        self.warming_up = True
+
+    def add(self, seconds: float) -> None:
+        self.seconds += seconds
+        self.steps += 1
+
+    def report(self, step: int) -> dict[str, Any]:
+        dt, steps = self.seconds / self.steps, self.steps
+        self.seconds, self.steps = 0.0, 0
+        settled = step >= 5  # the first steps include compilation and warm-up
+        if self.warming_up:  # they would hold the ETA up for long and drag the MFU down
+            self.ema_dt = dt
+        else:
+            keep = 0.9**steps  # the same average per step whatever log_interval is
+            self.ema_dt = keep * self.ema_dt + (1 - keep) * dt
+        self.warming_up = not settled
+        if settled:
+            mfu = self.step_mfu(dt)
+            self.mfu = mfu if self.mfu is None else 0.9 * self.mfu + 0.1 * mfu
+        return {
+            "ms_per_iter": dt * 1000,
+            "tokens_per_s": self.tokens_per_iter / dt,
+            "mfu": self.mfu,
+            "eta_s": self.ema_dt * (self.max_iters - step - 1),
+        }
+
+
+def prepare_out_dir(cfg: TrainConfig) -> None:
+    """Create out_dir and write the resolved config.json."""
+    try:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        remove_stale_temporaries(cfg.out_dir)  # left by a run killed while writing a checkpoint
+        with atomic_write(os.path.join(cfg.out_dir, CONFIG), "w", encoding="utf-8") as fh:
+            json.dump(dataclasses.asdict(cfg), fh, indent=2)
+            fh.write("\n")
+    except OSError as e:
+        raise UserError(f"--out_dir={cfg.out_dir}: cannot write there ({e.strerror}); choose another folder") from None
+
+
+def open_outputs(cfg: TrainConfig, env: DistEnv, ckpt: dict[str, Any] | None) -> tuple[Metrics, contextlib.ExitStack]:
+    """The run folder with the resolved config.json (rank 0), then Metrics (console, files, wandb, TensorBoard)
+    and the dashboard, with what closes them. The first writes of a run: every input has been checked."""
+    if env.is_main:
+        prepare_out_dir(cfg)
+    wandb = None
+    if cfg.wandb_log:
+        wandb = dict(
+            project=cfg.wandb_project,
+            name=cfg.wandb_run_name,
+            config=dataclasses.asdict(cfg),
+            id=ckpt.get("wandb_run_id") if ckpt else None,
+        )
+    with contextlib.ExitStack() as cleanup:
+        metrics = Metrics(
+            cfg.out_dir,
+            enabled=env.is_main,
+            resume_step=int(ckpt["iter_num"]) if ckpt else None,
+            wandb=wandb,
+            tensorboard=cfg.tensorboard_log,
+            continues=not cfg.eval_only,
+        )
+        cleanup.enter_context(contextlib.closing(metrics))
+        if cfg.dashboard and env.is_main:
+            from gptforge.dashboard import start_dashboard  # standard library only: cheap to import
+
+            try:
+                server, url = start_dashboard([cfg.out_dir], "127.0.0.1", cfg.dashboard_port)
+            except UserError as e:
+                raise UserError(f"--dashboard_port={cfg.dashboard_port}: {e}") from None
+            cleanup.callback(server.stop)
+            metrics.info(f"dashboard: open {url} (it stops when training ends)")
+        return metrics, cleanup.pop_all()

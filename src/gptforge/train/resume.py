@@ -1,22 +1,19 @@
-"""Resuming a run with its own settings: the run's saved config.json is the base, the options given again on the
-command line change it where that makes sense (never the model's shape), and each change is named. README
-"Interruptions, crashes and bad steps" has the rules."""
+"""A resumed run's settings: when the run continues (--init_from=resume, or --resume=auto with a checkpoint in
+out_dir) its saved config.json is the base, the options given again change it where that makes sense (never the
+model's shape), and each change is named when it resumes (train/start.py). Also the command that continues a
+stopped run. README "Interruptions, crashes and bad steps" has the rules."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 from collections.abc import Sequence
-from typing import Any
 
-from gptforge.core.config import FIELDS, MODEL_SWITCHES, TrainConfig, coerce, load_config
+from gptforge.core.config import TrainConfig, load_config, saved_config
 from gptforge.core.errors import UserError
-from gptforge.core.files import BEST_CKPT, CKPT, CONFIG, STEP_FILE
-
-SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", *MODEL_SWITCHES)  # a checkpoint's weights fix these
-NOT_CHANGES = ("init_from", "resume")  # a resumed run's init_from is 'resume', whatever started it
+from gptforge.core.files import has_checkpoint
+from gptforge.core.shape import SHAPE_KEYS  # a checkpoint's weights fix these
 
 
 def load_run_config(args: Sequence[str]) -> TrainConfig:
@@ -40,45 +37,6 @@ def load_run_config(args: Sequence[str]) -> TrainConfig:
                 "--out_dir (or fine-tune from its checkpoint there)"
             )
     return dataclasses.replace(resumed, init_from="resume")
-
-
-def has_checkpoint(out_dir: str) -> bool:
-    """Whether out_dir holds a checkpoint file (ckpt.pt, ckpt_best.pt or a step checkpoint), readable or not: with
-    --resume=auto such a folder is continued, never started over."""
-    if not os.path.isdir(out_dir):
-        return False
-    return any(name in (CKPT, BEST_CKPT) or STEP_FILE.fullmatch(name) for name in os.listdir(out_dir))
-
-
-def saved_config(out_dir: str) -> TrainConfig | None:
-    """The settings <out_dir>/config.json records (as train resolved them), or None when there is none."""
-    path = os.path.join(out_dir, CONFIG)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            saved = json.load(fh)
-    except (OSError, ValueError) as e:
-        raise UserError(
-            f"{path}: not readable JSON ({e}); restore it, or give the run's settings on the command "
-            "line after moving it away"
-        ) from None
-    if not isinstance(saved, dict):
-        raise UserError(f"{path}: not a run's config.json (a JSON object of settings)")
-    values = {k: coerce(k, v, path, from_text=False) for k, v in saved.items() if k in FIELDS}
-    return dataclasses.replace(TrainConfig(), **values)
-
-
-def resume_changes(cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
-    """{key: (the run's value, this start's value)} for every setting a resume changes."""
-    saved = saved_config(cfg.out_dir)
-    if saved is None:
-        return {}
-    return {
-        k: (getattr(saved, k), getattr(cfg, k))
-        for k in FIELDS
-        if k not in NOT_CHANGES and getattr(saved, k) != getattr(cfg, k)
-    }
 
 
 def continue_command(out_dir: str, world_size: int) -> str:

@@ -13,12 +13,13 @@ import torch
 
 from gptforge.core.console import log
 from gptforge.core.errors import UserError
-from gptforge.model.gpt import GPT, SWITCHES
-from gptforge.tokenizer.gpt2 import GPT2_EOT, GPT2_VOCAB
-from gptforge.weights.checkpoint import checkpoint_path, load_checkpoint_model
+from gptforge.core.shape import SWITCHES
+from gptforge.model.gpt import GPT
+from gptforge.tokenizer.spec import Tokenizer, from_spec
+from gptforge.weights.checkpoint import checkpoint_path
+from gptforge.weights.load import load_checkpoint_model
 from gptforge.weights.pretrained import CONV1D, NANOCHAT, nanochat_names
 
-EOT_TEXT = "<|endoftext|>"
 # Files `export_hf` writes, and other files of a Hugging Face model folder: --force replaces a folder
 # holding only these, so it never deletes anything else (a run folder, a home directory).
 HF_FOLDER_FILES = frozenset(
@@ -31,6 +32,9 @@ HF_FOLDER_FILES = frozenset(
         "vocab.json",
         "merges.txt",
         "tokenizer.json",
+        "tokenizer.tiktoken",
+        "token_bytes.json",
+        "gptforge_tokenizer.json",
         "tokenizer_config.json",
         "special_tokens_map.json",
         "added_tokens.json",
@@ -39,8 +43,8 @@ HF_FOLDER_FILES = frozenset(
 
 
 def export_run(out_dir: str, ckpt: str | None, to: str, force: bool) -> str:
-    """`gptforge export`: the checkpoint's model and tokenizer as a Hugging Face GPT-2 folder; notes go to stderr,
-    one summary line to stdout. Returns the checkpoint path exported."""
+    """`gptforge export`: the checkpoint's model and tokenizer as a Hugging Face folder; notes go to stderr, one
+    summary line to stdout (what the folder is, and how its tokens are encoded). Returns the checkpoint path."""
     path = checkpoint_path(out_dir, ckpt)
     model, tok, checkpoint = load_checkpoint_model(path, "cpu")
     for note in export_hf(model, to, tok.spec(), force=force):
@@ -51,54 +55,57 @@ def export_run(out_dir: str, ckpt: str | None, to: str, force: bool) -> str:
         if export_format(model.config) == "nanochat"
         else "GPT-2 folder (GPT2LMHeadModel)"
     )
-    print(f"wrote {to}: a Hugging Face {kind} of {path}, step {step}")
+    print(f"wrote {to}: a Hugging Face {kind} of {path}, step {step}; tokens: {describe_tokens(tok)}")
     return path
 
 
-def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, force: bool = False) -> list[str]:
-    """Write `model` as a Hugging Face GPT-2 folder that GPT2LMHeadModel.from_pretrained(folder) loads.
+def describe_tokens(tok: Tokenizer) -> str:
+    """How the exported folder's tokens are encoded, for the export's summary line."""
+    if tok.kind == "char":
+        return f"one per character ({tok.vocab_size} characters; tokenizer.json, AutoTokenizer loads it)"
+    if tok.kind == "gpt2":
+        return "GPT-2 BPE (vocab.json, merges.txt; AutoTokenizer loads them)"
+    return f"own byte-level BPE {tok.name!r} ({tok.vocab_size} tokens; tokenizer.json, AutoTokenizer loads it)"
 
-    Writes config.json, generation_config.json and model.safetensors, and for GPT-2 BPE the tokenizer files
-    (vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json), so that
-    transformers.pipeline("text-generation", model=folder) works. A vocabulary padded past GPT-2's 50,257
-    tokens is cut back; a model without biases gets zero biases (HF's GPT-2 always has them): the logits
-    are the same. The folder is assembled under a temporary name and renamed into place; an existing
-    non-empty folder is an error unless force=True, which replaces it only when it holds nothing but
-    Hugging Face model files. Returns notes for the user (e.g. that a char-level model has no HF tokenizer).
-    """
+
+def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, force: bool = False) -> list[str]:
+    """Write `model` as a Hugging Face folder that GPT2LMHeadModel (or NanoChatForCausalLM) .from_pretrained loads,
+    with its tokenizer's files, so that AutoTokenizer loads them and transformers.pipeline("text-generation") works.
+
+    Writes config.json, generation_config.json, model.safetensors and the tokenizer (GPT-2 BPE: vocab.json,
+    merges.txt; a character vocabulary or an own BPE: tokenizer.json; always tokenizer_config.json and
+    gptforge_tokenizer.json, which gptforge reads the folder back with). A vocabulary padded past the tokenizer's
+    is cut back; a model without biases gets zero biases (HF's GPT-2 always has them): the logits are the same.
+    The folder is assembled under a temporary name and renamed into place; an existing non-empty folder is an
+    error unless force=True, which replaces it only when it holds nothing but Hugging Face model files. Returns
+    notes for the user."""
     folder = os.path.abspath(folder)
     _check_target(folder, force)
     cfg = model.config
     nanochat = export_format(cfg) == "nanochat"
-    bpe = bool(tokenizer_spec) and tokenizer_spec.get("tokenizer") == "gpt2"
-    vocab_size = GPT2_VOCAB if bpe else cfg.vocab_size
+    tok = from_spec(tokenizer_spec) if tokenizer_spec else None  # None: the model alone (a Python caller's choice)
+    vocab_size = tok.vocab_size if tok else cfg.vocab_size
     if vocab_size > cfg.vocab_size:
         raise UserError(
-            f"the model has {cfg.vocab_size} token rows, fewer than GPT-2 BPE's {GPT2_VOCAB}: "
-            "its checkpoint's tokenizer record is wrong"
+            f"the model has {cfg.vocab_size} token rows, fewer than its tokenizer's {vocab_size}: the checkpoint's "
+            "tokenizer record is wrong"
         )
-    notes = []
-    if bpe and cfg.vocab_size > GPT2_VOCAB:
-        notes.append(f"vocabulary cut from {cfg.vocab_size} (padded) to GPT-2's {GPT2_VOCAB} tokens")
+    notes = [] if tok else ["no tokenizer given: only the model is written"]
+    if cfg.vocab_size > vocab_size:
+        notes.append(f"vocabulary cut from {cfg.vocab_size} (padded) to the tokenizer's {vocab_size} tokens")
     if not cfg.bias and not nanochat:
         notes.append("the model has no biases; HF's GPT-2 always has them, so they are written as zeros")
-    if not bpe:
-        kind = (tokenizer_spec or {}).get("tokenizer", "unknown")
-        notes.append(
-            f"no Hugging Face tokenizer exists for this model's tokenizer ({kind!r}): only the model is "
-            f"exported (vocab_size {vocab_size}); encode and decode with gptforge's tokenizer"
-        )
-
     tmp = os.path.join(os.path.dirname(folder), f".{os.path.basename(folder)}.export-{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         os.makedirs(tmp)
         (_write_nanochat_model if nanochat else _write_model)(model, tmp, vocab_size)
-        _write_json(os.path.join(tmp, "config.json"), _hf_config(model, vocab_size, bpe, nanochat))
-        gen = {"bos_token_id": GPT2_EOT, "eos_token_id": GPT2_EOT} if bpe else {}
+        eot = tok.eot_token if tok else None
+        _write_json(os.path.join(tmp, "config.json"), _hf_config(model, vocab_size, eot, nanochat))
+        gen = {"bos_token_id": eot, "eos_token_id": eot} if eot is not None else {}
         _write_json(os.path.join(tmp, "generation_config.json"), gen)
-        if bpe:
-            write_gpt2_tokenizer(tmp, model_max_length=cfg.block_size)
+        if tok:
+            tok.save(tmp, model_max_length=cfg.block_size)
         _swap_into_place(tmp, folder)
     except OSError as e:
         raise UserError(f"cannot write {folder}: {e.strerror or e}") from None
@@ -200,10 +207,9 @@ def _write_model(model: GPT, folder: str, vocab_size: int) -> None:
     save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 
 
-def _hf_config(model: GPT, vocab_size: int, bpe: bool, nanochat: bool = False) -> dict[str, Any]:
+def _hf_config(model: GPT, vocab_size: int, eot: int | None, nanochat: bool = False) -> dict[str, Any]:
     """config.json: GPT2LMHeadModel's, or NanoChatForCausalLM's for a nanochat-shaped model."""
     cfg = model.config
-    eot = GPT2_EOT if bpe else None
     common = {"vocab_size": vocab_size, "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": None}
     if nanochat:
         return {
@@ -248,88 +254,6 @@ def _hf_config(model: GPT, vocab_size: int, bpe: bool, nanochat: bool = False) -
         "tie_word_embeddings": True,
         "dtype": "float32",
     }
-
-
-def write_gpt2_tokenizer(folder: str, model_max_length: int = 1024) -> None:
-    """GPT-2's tokenizer files for transformers' GPT2Tokenizer, rebuilt from tiktoken's gpt2 encoding.
-
-    vocab.json maps each token, written in GPT-2's byte-to-unicode alphabet, to its id; merges.txt lists the
-    50,000 merges in rank order. Both equal OpenAI's encoder.json and vocab.bpe.
-    """
-    from gptforge.tokenizer.gpt2 import GPT2Tokenizer
-
-    vocab, merges = gpt2_vocab_and_merges(GPT2Tokenizer().enc)
-    _write_json(os.path.join(folder, "vocab.json"), vocab)
-    with open(os.path.join(folder, "merges.txt"), "w", encoding="utf-8") as fh:
-        fh.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
-    _write_json(os.path.join(folder, "special_tokens_map.json"), special)
-    _write_json(
-        os.path.join(folder, "tokenizer_config.json"),
-        {
-            "tokenizer_class": "GPT2Tokenizer",
-            **special,
-            "model_max_length": model_max_length,
-            "add_prefix_space": False,
-            "add_bos_token": False,
-            "errors": "replace",
-            "clean_up_tokenization_spaces": False,  # decode gives back the text exactly, as tiktoken does
-        },
-    )
-
-
-def gpt2_vocab_and_merges(enc: Any) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """(vocab.json's dict, merges.txt's pairs) from a tiktoken GPT-2 encoding.
-
-    tiktoken keeps only each token's bytes and rank. A token of rank r >= 256 was made by one merge of two
-    tokens of lower rank; which two is what byte-pair encoding of its bytes with only the merges below r
-    ends with (the same procedure tiktoken applies to text), so the merges come back in rank order.
-    """
-    ranks = {enc.decode_single_token_bytes(i): i for i in range(enc.n_vocab) if i != enc.eot_token}
-    to_text = _bytes_to_unicode()
-
-    def text(token: bytes) -> str:
-        return "".join(to_text[b] for b in token)
-
-    vocab = {text(token): rank for token, rank in ranks.items()}
-    vocab[EOT_TEXT] = enc.eot_token
-    merges = []
-    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
-        if rank < 256:
-            assert len(token) == 1, f"GPT-2's first 256 tokens are single bytes; rank {rank} is {token!r}"
-            continue
-        parts = _bpe(ranks, token, max_rank=rank)
-        assert len(parts) == 2, f"token {token!r} (rank {rank}) is not one merge of lower-ranked tokens: {parts}"
-        merges.append((text(parts[0]), text(parts[1])))
-    return vocab, merges
-
-
-def _bpe(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
-    """Byte-pair encode `token`, merging only pairs whose rank is below max_rank, lowest rank first."""
-    parts = [bytes([b]) for b in token]
-    while len(parts) > 1:
-        best_rank, best_i = max_rank, -1
-        for i in range(len(parts) - 1):
-            rank = ranks.get(parts[i] + parts[i + 1], max_rank)
-            if rank < best_rank:
-                best_rank, best_i = rank, i
-        if best_i < 0:
-            break
-        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
-    return parts
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table: printable Latin-1 bytes stand for themselves, the other
-    68 bytes (controls, space, ...) take the characters from U+0100 on, in byte order."""
-    own = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in own}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 def _write_json(path: str, obj: Any) -> None:

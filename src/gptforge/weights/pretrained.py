@@ -17,7 +17,8 @@ import torch
 
 from gptforge.core.config import GPT2_NAMES
 from gptforge.core.errors import UserError
-from gptforge.model.gpt import GPT, MODEL_ARGS, GPTConfig
+from gptforge.core.shape import MODEL_ARGS
+from gptforge.model.gpt import GPT, GPTConfig
 
 # what Hugging Face's NanoChatForCausalLM computes; zero_init only changes the start, rope_base and
 # logit_softcap are in its config (export.export_format and _nanochat_args both read it)

@@ -8,18 +8,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptforge.core.errors import UserError
+from gptforge.core.shape import parameter_count, saved_model_args
 
 GB = 1e9
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes per process: weights, gradients and AdamW's two moments (float32), and the activations one
+    """Bytes per process: weights, gradients and the optimizer's state (float32), and the activations one
     micro-batch keeps for its backward pass."""
 
     parameters: int  # count
-    states: float  # weights + gradients + AdamW moments
+    states: float  # weights + gradients + optimizer state
     activations: float
+    optimizer: str = "adamw"
 
     @property
     def total(self) -> float:
@@ -28,25 +30,28 @@ class MemoryEstimate:
     def describe(self) -> str:
         return (
             f"~{self.total / GB:.2f} GB ({self.parameters / 1e6:,.2f}M parameters: {self.states / GB:.2f} GB with "
-            f"gradients and AdamW state; activations {self.activations / GB:.2f} GB)"
+            f"gradients and {'Muon / AdamW' if self.optimizer == 'muon' else 'AdamW'} state; activations "
+            f"{self.activations / GB:.2f} GB)"
         )
 
 
 def estimate_training_memory(
-    model_args: dict[str, Any], batch_size: int, dtype: str, shards: int = 1
+    model_args: dict[str, Any], batch_size: int, dtype: str, optimizer: str = "adamw", shards: int = 1
 ) -> MemoryEstimate:
-    """A lower-bound estimate, so that it never refuses a config that fits: each block's matrices (12 C^2) plus
-    the embeddings, 16 bytes per parameter (float32 weight, gradient, two AdamW moments; divided over `shards`
-    under FSDP), and per token of the micro-batch about 16 C saved values per block (LayerNorm outputs, q, k, v,
-    attention output, the MLP's 4C input and GELU output) and the logits (3 copies of V floats: logits, their
-    float32 cast, the softmax gradient)."""
+    """A lower-bound estimate, so that it never refuses a config that fits: every parameter the model has
+    (core/shape.parameter_count: the untied head and the position table included as the model has them) at 4 bytes
+    for the weight, 4 for the gradient and 8 for AdamW's two moments (4 for Muon's one momentum on the blocks'
+    matrices), divided over `shards` under FSDP; and per token of the micro-batch about 16 C saved values per block
+    (norm outputs, q, k, v, attention output, the MLP's 4C input and activation) and the logits (3 copies of V
+    floats: logits, their float32 cast, the softmax gradient)."""
+    total, matrices = parameter_count(saved_model_args(model_args))
+    moments = 8 * total - (4 * matrices if optimizer == "muon" else 0)
+    states = (8 * total + moments) / shards
     L, C, T, V = model_args["n_layer"], model_args["n_embd"], model_args["block_size"], model_args["vocab_size"]
-    parameters = 12 * L * C * C + V * C + T * C
-    states = 16 * parameters / shards
     width = 4 if dtype == "float32" else 2  # autocast keeps most saved activations in 16 bits
     tokens = batch_size * T
     activations = tokens * (16 * L * C * width + 3 * V * 4)
-    return MemoryEstimate(parameters, states, activations)
+    return MemoryEstimate(total, states, activations, optimizer)
 
 
 def check_fits(estimate: MemoryEstimate, available: float | None, where: str) -> None:

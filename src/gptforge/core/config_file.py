@@ -1,0 +1,76 @@
+"""nanoGPT's config files read as data: `name = value` lines whose values are literals (numbers, strings, bools,
+arithmetic on numbers), parsed with `ast` and never executed."""
+
+from __future__ import annotations
+
+import ast
+import os
+from typing import Any
+
+from gptforge.core.errors import UserError
+
+
+def read_config_file(path: str) -> list[tuple[str, Any, str]]:
+    """Parse a nanoGPT config file as data: [(key, value, 'file:line')]. Nothing in it is executed; the keys are
+    the caller's to check."""
+    if os.path.isdir(path):
+        raise UserError(f"config file {path!r} is a folder; give a config file in it (e.g. {path}/train_gpt2.py)")
+    if not os.path.isfile(path):
+        hint = " (options start with --, e.g. --device=cpu)" if "=" in path else ""
+        raise UserError(f"config file {path!r} not found{hint}; check the path (relative to {os.getcwd()})")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=path)
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start}): a config file "
+            "holds `name = value` lines; was another file given in its place?"
+        ) from None
+    except SyntaxError as e:
+        raise UserError(f"{path}:{e.lineno}: not a valid config file: {e.msg}") from None
+    except ValueError as e:  # e.g. NUL bytes: a binary file
+        raise UserError(f"config file {path} is not text ({e}); a config file holds `name = value` lines") from None
+    out = []
+    for node in tree.body:
+        where = f"{path}:{node.lineno}"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue  # nanoGPT configs sometimes import time; harmless when nothing is executed
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring or a bare string
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise UserError(f"{where}: config files hold only `name = value` lines; found {ast.unparse(node)!r}")
+        key = node.targets[0].id
+        try:
+            value = _literal(node.value)
+        except ValueError:
+            raise UserError(
+                f"{where}: the value of {key} must be a literal (number, string, bool, or arithmetic on numbers); "
+                f"got {ast.unparse(node.value)!r}. Config files are read as data, never run."
+            ) from None
+        out.append((key, value, where))
+    return out
+
+
+_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+    ast.Pow: lambda a, b: a**b,
+}
+
+
+def _literal(node: ast.AST) -> Any:
+    """ast.literal_eval plus arithmetic on numbers and + on strings (nanoGPT writes `5 * 8`, `2**19`)."""
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        a, b = _literal(node.left), _literal(node.right)
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+        strings = isinstance(node.op, ast.Add) and isinstance(a, str) and isinstance(b, str)
+        if not (numbers or strings) or (isinstance(node.op, ast.Pow) and abs(b) > 1024):
+            raise ValueError("unsupported operands")
+        return _BINOPS[type(node.op)](a, b)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _literal(node.operand) * (-1 if isinstance(node.op, ast.USub) else 1)
+    return ast.literal_eval(node)

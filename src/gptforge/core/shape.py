@@ -1,0 +1,81 @@
+"""The model's settings, each written once, here. TrainConfig has them as keys (it derives from ModelShape), GPTConfig
+builds the network from them (it derives from it too), a checkpoint's `model_args` records the `frozen` ones with
+the vocabulary (a resumed model keeps them), and a `switch` is one of the modern recipe's: its default is its off
+value, and with every switch off the model is GPT-2's. No torch here: the config and the dashboard read it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from gptforge.core.settings import below_one, not_negative, positive, setting
+
+
+def _shape(default: Any, doc: str, check: Any = None, **meta: Any) -> Any:
+    """A setting the weights fix: a resumed run cannot change it, and a checkpoint records it."""
+    return setting(default, doc, check, frozen=True, **meta)
+
+
+def _switch(default: Any, doc: str, check: Any = None, **meta: Any) -> Any:
+    """A modern-recipe setting: its default (its off value) gives GPT-2's model; checkpoints without it had it off."""
+    return _shape(default, doc, check, switch=True, **meta)
+
+
+def _positive_float(value: float) -> str | None:
+    return "must be positive (the rotary wavelength base, e.g. 10000)" if value <= 0 else None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_layer: int = _shape(12, "transformer blocks (GPT-2 124M: 12)", positive, section="model")
+    n_head: int = _shape(12, "attention heads; must divide n_embd", positive)
+    n_embd: int = _shape(768, "embedding width", positive)
+    block_size: int = _shape(1024, "context length in tokens (GPT-2: 1024)", positive)
+    bias: bool = _shape(False, "biases in Linear and LayerNorm layers (GPT-2 has them; without is a bit better/faster)")
+    dropout: float = setting(
+        0.0, "dropout probability; 0 for pretraining, 0.1+ for fine-tuning small data (may change on resume)", below_one
+    )
+    rotary: bool = _switch(
+        False,
+        "rotary position embeddings (RoFormer; nanochat, modded-nanogpt) instead of learned ones",
+        section="the modern recipe's model switches (all off: GPT-2's model)",
+    )
+    rope_base: float = _switch(10000.0, "rotary=True: the wavelength base of the rotary angles", _positive_float)
+    rmsnorm: bool = _switch(False, "parameter-free RMSNorm instead of LayerNorm, also after the embedding (nanochat)")
+    qk_norm: bool = _switch(False, "RMS-normalise queries and keys per head, after rotary (nanochat, modded-nanogpt)")
+    relu2: bool = _switch(False, "ReLU(x)^2 in the MLP instead of GELU (Primer; nanochat, modded-nanogpt)")
+    untie_head: bool = _switch(False, "an output head of its own instead of the input embedding's transpose")
+    zero_init: bool = _switch(False, "attention's and the MLP's output projections start at zero (modded-nanogpt)")
+    logit_softcap: float = _switch(
+        0.0, "> 0: logits = cap * tanh(logits / cap) (Gemma 2; nanochat uses 15)", not_negative
+    )
+
+
+_FIELDS = dataclasses.fields(ModelShape)
+SHAPE_KEYS = tuple(f.name for f in _FIELDS if f.metadata.get("frozen"))  # fixed by the weights
+SWITCHES = {f.name: f.default for f in _FIELDS if f.metadata.get("switch")}  # each switch's off value
+MODEL_ARGS = (*SHAPE_KEYS, "vocab_size")  # a checkpoint's model_args: the shape and the vocabulary
+
+
+def model_args(settings: Any, vocab_size: int) -> dict[str, Any]:
+    """The model_args of a new model: its shape from `settings` (a TrainConfig), its vocabulary from the data."""
+    return {**{k: getattr(settings, k) for k in SHAPE_KEYS}, "vocab_size": vocab_size}
+
+
+def saved_model_args(saved: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's model_args completed: one written before a switch existed (older gptforge, nanoGPT) had it off."""
+    return {k: saved.get(k, SWITCHES[k]) if k in SWITCHES else saved[k] for k in MODEL_ARGS}
+
+
+def parameter_count(args: dict[str, Any]) -> tuple[int, int]:
+    """(all parameters, those in the blocks' 2-D matrices) of the model `args` describe, counted from the shape as
+    GPT builds it: embeddings, position table (not with rotary), per block the norms, q/k/v, projections and MLP,
+    the final norm, and the head when it is not tied to the embedding."""
+    L, C, V, T = args["n_layer"], args["n_embd"], args["vocab_size"], args["block_size"]
+    norm = 0 if args["rmsnorm"] else (2 * C if args["bias"] else C)  # LayerNorm: weight (+ bias); RMSNorm: none
+    matrices = 12 * C * C  # c_attn 3C^2, attention c_proj C^2, c_fc 4C^2, MLP c_proj 4C^2
+    biases = (3 * C + C + 4 * C + C) if args["bias"] else 0
+    block = 2 * norm + matrices + biases
+    total = V * C + (0 if args["rotary"] else T * C) + L * block + norm + (V * C if args["untie_head"] else 0)
+    return total, L * matrices

@@ -1,0 +1,207 @@
+"""Where a run starts from, decided before anything is built or written: a resumed run's settings (its saved
+config.json as the base, the options given again changing it where that makes sense, never the model's shape, each
+change named), the checkpoint it continues (or that the run is already finished, which leaves its folder
+untouched), the model's shape (a new model's, a checkpoint's, or Hugging Face weights'), the config resolved once
+for this device and dataset, and the memory check. README "Interruptions, crashes and bad steps" has the rules."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from gptforge.core.config import FIELDS, TrainConfig, loader_kind
+from gptforge.core.device import available_memory, resolve_compile, resolve_dtype, resolve_fast_dropout
+from gptforge.core.distributed import DistEnv
+from gptforge.core.errors import UserError
+from gptforge.core.memory import MemoryEstimate, check_fits, estimate_training_memory
+from gptforge.core.shape import SHAPE_KEYS, model_args, saved_model_args
+from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
+from gptforge.tokenizer.gpt2 import GPT2Tokenizer
+from gptforge.tokenizer.spec import folder_tokenizer, tokenizer_spec
+from gptforge.weights.checkpoint import load_model_state, load_resumable
+
+
+@dataclass
+class Start:
+    """The model a run begins with: a checkpoint to continue (`ckpt`, from `source`), or Hugging Face weights
+    already loaded (`model`, from `source`), or neither (a new model); `args` its model_args."""
+
+    args: dict[str, Any]
+    ckpt: dict[str, Any] | None = None
+    model: GPT | None = None
+    source: str = ""
+    memory: MemoryEstimate | None = None  # what training it needs, estimated before anything is allocated
+
+
+def begin(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> tuple[TrainConfig, Start, GPT] | None:
+    """Where the run starts, its settings resolved once for this device and dataset, the memory it needs checked
+    against the device's, and its model built; None when it resumes a finished run (nothing to do)."""
+    start = find_start(cfg, env, meta)
+    if start is None:
+        return None
+    cfg = resolve_config(cfg, env, meta, start)  # the settings from here on: every 'auto' decided
+    start.memory = check_memory(cfg, env, start.args)
+    return cfg, start, build_model(cfg, start)
+
+
+def find_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start | None:
+    """What the run starts from, or None when it resumes a finished run (said once; nothing is opened for writing,
+    so the folder stays byte for byte as it was)."""
+    if env.restart:
+        env.say(
+            f"torchrun restart {env.restart} (of --max-restarts={os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')})"
+        )
+    if cfg.resume == "auto" and cfg.init_from != "resume":
+        env.say(f"resume=auto: no checkpoint in {cfg.out_dir}; a new run (init_from={cfg.init_from})")
+    if cfg.init_from == "resume":
+        ckpt, source = resume_checkpoint(cfg, env, meta)
+        if ckpt is None:
+            return None
+        start = Start(saved_model_args(ckpt["model_args"]), ckpt=ckpt, source=source)
+    elif cfg.init_from != "scratch":
+        model, args = pretrained_model(cfg, meta)
+        fixed_by_weights(cfg, args, env)
+        start = Start(args, model=model, source=cfg.init_from)
+    else:
+        start = Start(model_args(cfg, model_vocab_size(meta)))
+    if meta["vocab_size"] > start.args["vocab_size"]:
+        raise UserError(
+            f"dataset {cfg.dataset!r} has vocab_size {meta['vocab_size']} but the model only "
+            f"{start.args['vocab_size']}; resume on the dataset the model was trained on"
+        )
+    return start
+
+
+def resume_checkpoint(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The checkpoint a resume continues (ckpt.pt, or the newest readable fallback; with --resume=auto the newest
+    readable) and its path; (None, path) when that run is finished. Rank 0 says which it is."""
+    auto = cfg.resume == "auto"
+    prefix = "resume=auto: " if auto else ""
+    ckpt, source, problems = load_resumable(cfg.out_dir, map_location=env.device, newest=auto)
+    for problem in problems:
+        env.say(problem)
+    if int(ckpt["iter_num"]) >= cfg.max_iters and not cfg.eval_only:
+        more = (
+            "" if auto else "; raise --max_iters (and --lr_decay_iters) to train it on, or evaluate it with --eval_only"
+        )
+        env.say(
+            f"{prefix}the run in {cfg.out_dir} is finished (iter {ckpt['iter_num']} of max_iters {cfg.max_iters}); "
+            f"nothing to do{more}"
+        )
+        return None, source
+    newest = " (the newest readable checkpoint)" if problems or auto else ""
+    env.say(f"{prefix}resuming {cfg.out_dir} from iter {ckpt['iter_num']} ({source}){newest}")
+    changes = resume_changes(cfg, ckpt["config"] if "format_version" in ckpt else {})  # nanoGPT's: other keys
+    if changes:
+        shown = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items())
+        env.say(f"changed from the run's config.json: {shown}")
+    saved_optimizer = (ckpt.get("config") or {}).get("optimizer", "adamw")  # nanoGPT's: AdamW
+    if saved_optimizer != cfg.optimizer:
+        raise UserError(
+            f"--optimizer={cfg.optimizer}: {source} holds {saved_optimizer}'s optimizer state, which {cfg.optimizer} "
+            f"cannot continue; resume with --optimizer={saved_optimizer}, or start a new run from its weights "
+            f"(`gptforge export`, then --init_from=FOLDER) with a fresh {cfg.optimizer} state"
+        )
+    if ckpt.get("tokenizer") not in (None, tokenizer_spec(meta)):  # nanoGPT's checkpoints have none
+        raise UserError(
+            f"{source} was trained with another vocabulary than dataset {cfg.dataset!r} has; resume "
+            "on the dataset the model was trained on (--dataset, --data_dir)"
+        )
+    return ckpt, source
+
+
+def pretrained_model(cfg: TrainConfig, meta: dict[str, Any]) -> tuple[GPT, dict[str, Any]]:
+    """GPT-2's weights (a hub name or a local Hugging Face folder), or a NanoChat folder's, to fine-tune;
+    block_size cropped if smaller. The dataset must be tokenized as the weights read (GPT-2 BPE, or the
+    tokenizer an export's gptforge_tokenizer.json names)."""
+    from gptforge.weights.pretrained import load_pretrained
+
+    reads = folder_tokenizer(cfg.init_from) if os.path.isdir(cfg.init_from) else GPT2Tokenizer()
+    if reads.spec() != tokenizer_spec(meta):
+        raise UserError(
+            f"--init_from={cfg.init_from} starts from weights that read {reads.kind} tokens, but dataset "
+            f"{cfg.dataset!r} is tokenized otherwise ({meta['tokenizer']}): prepare it with the weights' tokenizer"
+            + (
+                " (`gptforge prepare shakespeare`, or `gptforge prepare text FILE --tokenizer gpt2`)"
+                if reads.kind == "gpt2"
+                else ""
+            )
+        )
+    model, args = load_pretrained(cfg.init_from, dropout=cfg.dropout, block_size=cfg.block_size)
+    return model, saved_model_args(args)
+
+
+def fixed_by_weights(cfg: TrainConfig, args: dict[str, Any], env: DistEnv) -> None:
+    """Hugging Face weights fix the model's shape: a shape key given a value of its own that differs from the
+    weights' is refused; one left at its default takes the weights' value, said in one line (block_size: the
+    weights' table cropped to it, as load_pretrained does; dropout applies)."""
+    default = TrainConfig()
+    keys = [k for k in SHAPE_KEYS if k != "block_size" and getattr(cfg, k) != args[k]]
+    given = [k for k in keys if getattr(cfg, k) != getattr(default, k)]
+    if given:
+        shown = ", ".join(f"--{k}={getattr(cfg, k)!r} (the weights: {args[k]!r})" for k in given)
+        raise UserError(
+            f"{shown}: --init_from={cfg.init_from}'s weights fix the model's shape; leave these out to fine-tune "
+            "them, or train a new model of your shape with --init_from=scratch"
+        )
+    if keys:
+        env.say(f"from {cfg.init_from}: " + ", ".join(f"{k} {args[k]!r}" for k in keys) + " (the weights' shape)")
+
+
+def resolve_config(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], start: Start) -> TrainConfig:
+    """The settings the run uses, as config.json and every checkpoint record them: each 'auto' decided for this
+    device and dataset, HellaSwag off for a dataset it cannot read, and the shape of a resumed or GPT-2 model."""
+    hellaswag_interval = cfg.hellaswag_interval
+    if hellaswag_interval > 0 and meta["tokenizer"] != "gpt2":  # e.g. --eval_freq on a char-level dataset
+        env.say(
+            f"hellaswag_interval={hellaswag_interval} ignored: HellaSwag needs GPT-2 BPE tokens and dataset "
+            f"{cfg.dataset!r} is {meta['tokenizer']}-level"
+        )
+        hellaswag_interval = 0
+    shape = {k: start.args[k] for k in SHAPE_KEYS} if cfg.init_from != "scratch" else {}
+    n_embd = shape.get("n_embd", cfg.n_embd)
+    return dataclasses.replace(
+        cfg,
+        device=env.device,
+        dtype=resolve_dtype(cfg.dtype, env.device_type, n_embd),
+        compile=resolve_compile(cfg.compile, env.device_type),
+        fast_dropout=resolve_fast_dropout(cfg.fast_dropout, env.device_type),
+        data_loader=loader_kind(meta, cfg.data_loader),
+        hellaswag_interval=hellaswag_interval,
+        **shape,
+    )
+
+
+def build_model(cfg: TrainConfig, start: Start) -> GPT:
+    """The network with its dropout draws set: the Hugging Face weights already loaded, or a new GPT (the
+    checkpoint's weights put in)."""
+    model = start.model or GPT(GPTConfig(**start.args, dropout=cfg.dropout))
+    model.use_fast_dropout(cfg.fast_dropout)
+    if start.ckpt is not None:
+        load_model_state(model, start.ckpt["model"], start.source)
+    return model
+
+
+def check_memory(cfg: TrainConfig, env: DistEnv, args: dict[str, Any]) -> MemoryEstimate:
+    """The estimate of what training needs per process; a model that cannot train here stops before anything is
+    allocated (exit 2 naming the keys to lower)."""
+    shards = env.world_size if env.fsdp(cfg.parallel) else 1
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if env.device_type == "cpu" else 1
+    estimate = estimate_training_memory(args, cfg.batch_size, cfg.dtype, cfg.optimizer, shards)
+    check_fits(estimate, *available_memory(env.device, processes))
+    return estimate
+
+
+NOT_CHANGES = ("init_from", "resume")  # a resumed run's init_from is 'resume', whatever started it
+
+
+def resume_changes(cfg: TrainConfig, saved: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (the run's value, this start's value)} for every setting a resume changes; `saved`: the settings the
+    checkpoint was written with (its `config`, as the run's config.json held them)."""
+    return {
+        k: (saved[k], getattr(cfg, k))
+        for k in FIELDS
+        if k in saved and k not in NOT_CHANGES and saved[k] != getattr(cfg, k)
+    }

@@ -1,0 +1,55 @@
+"""The model a command reads: a run's checkpoint (--out_dir / --ckpt) or Hugging Face weights (--init_from), with
+its tokenizer, for sample, eval and export."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gptforge.core.console import log
+from gptforge.core.errors import UserError
+from gptforge.core.shape import saved_model_args
+from gptforge.data.loader import read_meta
+from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.tokenizer.spec import Tokenizer, folder_tokenizer, from_spec
+from gptforge.weights.checkpoint import checkpoint_path, load_checkpoint, load_model_state
+
+
+def load_checkpoint_model(path: str, device: str) -> tuple[GPT, Tokenizer, dict[str, Any]]:
+    """A checkpoint file's model (eval mode, on `device`), its tokenizer, and the checkpoint itself."""
+    ckpt = load_checkpoint(path, map_location="cpu")
+    model = GPT(GPTConfig(**saved_model_args(ckpt["model_args"]), dropout=0.0))
+    load_model_state(model, ckpt["model"], path)
+    model.eval().to(device)
+    return model, checkpoint_tokenizer(ckpt), ckpt
+
+
+def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Tokenizer:
+    """The tokenizer a checkpoint records; for nanoGPT's (which record none) its dataset's meta, else GPT-2 BPE."""
+    if ckpt.get("tokenizer"):
+        return from_spec(ckpt["tokenizer"])
+    config = ckpt.get("config") or {}
+    if "dataset" in config:  # nanoGPT: the dataset folder's meta.pkl, if it is still where it was
+        folder = os.path.join(config.get("data_dir", "data"), config["dataset"])
+        if os.path.isdir(folder):
+            return from_spec(read_meta(folder))
+    log("no tokenizer recorded in the checkpoint and no dataset meta found: assuming GPT-2 BPE")
+    return from_spec({"tokenizer": "gpt2"})
+
+
+def load_model(
+    out_dir: str, ckpt: str | None, init_from: str, device: str
+) -> tuple[GPT, Tokenizer, dict[str, Any] | None]:
+    """The model `sample` and `eval` read, in eval mode on `device`: a run's checkpoint (init_from 'resume':
+    --ckpt, else <out_dir>/ckpt.pt) or Hugging Face weights (a GPT-2 hub name, or a folder, read with the tokenizer
+    its gptforge_tokenizer.json names: an export of a character-level or own-BPE run round-trips). Returns
+    (model, tokenizer, the checkpoint or None)."""
+    if ckpt and init_from != "resume":
+        raise UserError(f"--ckpt={ckpt} and --init_from={init_from} each name the model to load; give one of them")
+    if init_from == "resume":
+        return load_checkpoint_model(checkpoint_path(out_dir, ckpt), device)
+    from gptforge.weights.pretrained import load_pretrained
+
+    tok = folder_tokenizer(init_from) if os.path.isdir(init_from) else from_spec({"tokenizer": "gpt2"})
+    model, _ = load_pretrained(init_from)
+    return model.eval().to(device), tok, None

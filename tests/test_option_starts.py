@@ -1,0 +1,81 @@
+"""Every option either applies, is refused, or is named as not applied, for each way a run can start: from scratch,
+resumed (--init_from=resume, --resume=auto with and without a checkpoint) and from Hugging Face weights (a folder
+`gptforge export` wrote). One row per (start, options): the exit code, and the words the user reads. Through the
+real CLI; a refusal is exit 2 naming the key, with no traceback, and writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli, tiny_train_args
+
+BASE = dict(max_iters=4, lr_decay_iters=8, warmup_iters=1, eval_interval=4, eval_iters=1)
+
+
+@pytest.fixture(scope="module")
+def starts(tmp_path_factory):
+    """A char dataset, a finished 4-step run (to resume), and its export (Hugging Face weights to start from)."""
+    from conftest import SMALL_TEXT
+    from gptforge.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("starts")
+    (root / "tiny.txt").write_text(SMALL_TEXT)
+    prepare("text", data_dir=str(root / "data"), files=[str(root / "tiny.txt")], name="tiny", tokenizer="char")
+    assert run_cli("train", *tiny_train_args(root / "data", root / "run", **BASE), cwd=root).returncode == 0
+    assert run_cli("export", f"--out_dir={root / 'run'}", f"--to={root / 'hf'}", cwd=root).returncode == 0
+    return root
+
+
+def start(root: Path, how: str, out: Path) -> list[str]:
+    """The arguments of one way to start (max_iters 6: a resumed run trains on)."""
+    args = tiny_train_args(root / "data", out, **{**BASE, "max_iters": 6})
+    if how == "scratch":
+        return args
+    if how == "resume":
+        return [*args, "--init_from=resume"]
+    if how.startswith("auto"):
+        return [*args, "--resume=auto"]
+    return [*args, f"--init_from={root / 'hf'}"]  # "weights"
+
+
+ROWS = [  # (start, options, exit code, words the output must hold)
+    ("scratch", ["--rotary=True", "--optimizer=muon"], 0, ["recipe: model switches on: rotary; optimizer muon"]),
+    ("resume", ["--n_layer=3"], 2, ["--n_layer=3: the run in", "has n_layer=2"]),
+    ("resume", ["--rotary=True"], 2, ["--rotary=True: the run in", "keeps its shape"]),
+    ("resume", ["--optimizer=muon"], 2, ["--optimizer=muon:", "holds adamw's optimizer state"]),
+    ("resume", ["--dropout=0.1"], 0, ["changed from the run's config.json: dropout 0.0 -> 0.1"]),
+    ("resume", ["--learning_rate=0.001"], 0, ["learning_rate 0.003 -> 0.001"]),
+    ("auto, a checkpoint", ["--rmsnorm=True"], 2, ["--rmsnorm=True: the run in", "keeps its shape"]),
+    ("auto, none", ["--rmsnorm=True"], 0, ["no checkpoint in", "model switches on: rmsnorm"]),
+    ("weights", [], 0, ["hf: bias True (the weights' shape)"]),  # the other shape keys were given as the weights'
+    ("weights", ["--n_head=4"], 2, ["--n_head=4 (the weights: 2)"]),
+    ("weights", ["--n_layer=3"], 2, ["--n_layer=3 (the weights: 2)", "fix the model's shape"]),
+    ("weights", ["--rotary=True"], 2, ["--rotary=True (the weights: False)"]),
+    ("weights", ["--block_size=16"], 0, ["16 block"]),  # cropped: applies
+    ("weights", ["--block_size=64"], 2, ["block_size 64 does not fit", "32 positions"]),
+    ("weights", ["--optimizer=muon", "--dropout=0.1"], 0, ["optimizer muon", "dropout 0.1"]),
+]
+
+
+@pytest.mark.parametrize("how,options,code,words", ROWS, ids=[f"{r[0]}: {' '.join(r[1]) or '-'}" for r in ROWS])
+def test_an_option_applies_is_refused_or_is_named(starts, tmp_path, how, options, code, words):
+    out = tmp_path / "out"
+    if how in ("resume", "auto, a checkpoint"):
+        assert run_cli("train", *start(starts, "scratch", out), "--max_iters=4", cwd=tmp_path).returncode == 0
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()} if out.exists() else {}
+    r = run_cli("train", *start(starts, how, out), *options, cwd=tmp_path)
+    text = r.stdout + r.stderr
+    assert r.returncode == code, text
+    assert "Traceback" not in text
+    for w in words:
+        assert w in " ".join(text.split()), f"{w!r} not in:\n{text}"
+    if code == 2:  # refused: nothing written
+        assert ({p.name: p.stat().st_mtime_ns for p in out.iterdir()} if out.exists() else {}) == stamps
+    else:  # applied: the run's config.json records it
+        saved = json.loads((out / "config.json").read_text())
+        for option in options:
+            key, value = option[2:].split("=")
+            assert str(saved[key]) == value, (key, saved[key])
