@@ -53,9 +53,16 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = Dropout(config.dropout)
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, rope: Rope | None = None
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        rope: Rope | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """rope: the rotary (cos, sin) of these positions, computed once per forward by GPT.hidden_states."""
+        """rope: the rotary (cos, sin) of these positions, computed once per forward by GPT.hidden_states. mask: a
+        bool mask broadcastable to (B, nh, T, keys), True where a query may attend (the caller's whole rule: causal,
+        documents, padding); None: causal, after any cached tokens."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
         hs = C // self.n_head
@@ -66,22 +73,22 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
-        causal, mask = True, None
+        causal = mask is None
         if cache is not None:
             # A prefill (empty cache) is causal over the prompt; one new token attends to every cached one, all in
             # its past; several new tokens after cached ones (a conversation's next turn) see all the cached ones
             # and, among themselves, their past.
             past = cache.length
             assert past == 0 or T == 1 or not cache.ring, "a ring cache takes one token at a time after its prefill"
-            causal = past == 0
-            if past and T > 1:
+            causal = causal and past == 0
+            if mask is None and past and T > 1:
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)  # (T, past + T)
             k, v = cache.update(layer, k, v)  # (B, nh, past + T, hs)
         p = self.dropout if self.training else 0.0
         if self.fast_dropout and 0.0 < p < 1.0 and causal:
             y = attention_fast_dropout(q, k, v, p)
         else:  # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future
-            masked = {"attn_mask": mask} if mask is not None else {}  # (T, past + T): new tokens after cached ones
+            masked = {"attn_mask": mask} if mask is not None else {}
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal and T > 1, **masked)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
         return self.resid_dropout(self.c_proj(y))
@@ -115,9 +122,14 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, rope: Rope | None = None
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        rope: Rope | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache, layer, rope)
+        x = x + self.attn(self.ln_1(x), cache, layer, rope, mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -172,13 +184,19 @@ class GPT(nn.Module):
         return n
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits, loss). Without targets only the last position's logits (B, 1, V).
 
         With a KVCache, idx continues the cached tokens (positions start at cache.position) and the cache grows.
+        positions and mask: see hidden_states. Targets of -1 are not scored.
         """
-        x = self.hidden_states(idx, cache)  # (B, T, C)
+        x = self.hidden_states(idx, cache, positions, mask)  # (B, T, C)
         if targets is None:
             # Generation needs only the next-token distribution: skip the (B, T, V) projection.
             return self.logits(x[:, [-1], :]), None  # (B, 1, V)
@@ -193,16 +211,28 @@ class GPT(nn.Module):
         cap = self.config.logit_softcap
         return cap * torch.tanh(logits / cap) if cap > 0 else logits
 
-    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """idx (B, T) token ids -> the final LayerNorm's output (B, T, C), which lm_head turns into logits.
 
         forward() without lm_head, for callers that need the logits at a few positions only (HellaSwag).
+        positions: (T,) or (B, T) each token's position (default: after the cached tokens, from 0 without a cache);
+        packed documents restart theirs, batched rows of different lengths have their own. mask: the attention
+        rule, a bool mask broadcastable to (B, 1, T, keys), True where a query may attend (default: causal).
         """
         B, T = idx.size()
         start = cache.position if cache is not None else 0
-        if start + T > self.config.block_size and not (cache is not None and cache.ring and T <= cache.max_len):
-            raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
-        positions = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # after the cached tokens
+        if positions is None:
+            if start + T > self.config.block_size and not (cache is not None and cache.ring and T <= cache.max_len):
+                raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
+            positions = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # after the cached ones
+        elif int(positions.max()) >= self.config.block_size and not self.config.rotary:
+            raise ValueError(f"position {int(positions.max())} is past block_size {self.config.block_size}")
         x = self.transformer.wte(idx)  # (B, T, C)
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(positions)
@@ -212,7 +242,7 @@ class GPT(nn.Module):
             x = rms_norm(x)  # nanochat normalises the embedding too
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, cache, layer, rope)
+            x = block(x, cache, layer, rope, mask)
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)  # (B, T, C)

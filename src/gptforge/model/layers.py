@@ -101,9 +101,12 @@ class RMSNorm(nn.Module):
 
 
 def rotary_angles(positions: torch.Tensor, head_size: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (T, head_size / 2) of each position's angles pos * base^(-2i / head_size), in float32."""
+    """cos and sin of each position's angles pos * base^(-2i / head_size), in float32: (T, head_size / 2) for
+    positions (T,), (B, 1, T, head_size / 2) for positions (B, T) (one row each, broadcast over the heads)."""
     inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32, device=positions.device) / head_size)
-    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = positions.float()[..., None] * inv_freq  # (..., T, head_size / 2)
+    if angles.dim() == 3:
+        angles = angles.unsqueeze(1)  # (B, 1, T, head_size / 2)
     return angles.cos(), angles.sin()
 
 
