@@ -28,7 +28,19 @@ LEAVES = list(subcommands(build_parser()))
 
 def test_every_argparse_subcommand_has_a_handler():
     names = {" ".join(path) for path, _ in LEAVES}
-    assert names == {"prepare", "sample", "export", "dashboard", "eval hellaswag", "eval loss", "eval lm-eval"}
+    assert names == {
+        "prepare",
+        "sample",
+        "export",
+        "dashboard",
+        "eval hellaswag",
+        "eval loss",
+        "eval lm-eval",
+        "tokenizer train",
+        "tokenizer stats",
+        "tokenizer encode",
+        "tokenizer decode",
+    }
 
 
 @pytest.mark.parametrize("path,parser", LEAVES, ids=[" ".join(p) for p, _ in LEAVES])

@@ -43,8 +43,8 @@ def test_loss_and_perplexity_of_a_run_and_of_a_step_checkpoint(char_data, tmp_pa
         "--seed=3",
     )
     assert r.returncode == 0, r.stderr
-    lines = re.findall(r"^(val|train) loss ([\d.]+) \(ppl ([\d.]+)\)$", r.stdout, re.M)
-    figures = {split: (float(loss), float(ppl)) for split, loss, ppl in lines}
+    lines = re.findall(r"^(val|train) loss ([\d.]+) \(ppl ([\d.]+)\), bpb ([\d.]+)$", r.stdout, re.M)
+    figures = {split: (float(loss), float(ppl)) for split, loss, ppl, _ in lines}
     assert set(figures) == {"val", "train"} and len(r.stdout.splitlines()) == 2
     for split, (loss, ppl) in figures.items():
         ref = reference_loss(out / "ckpt.pt", char_data / "tiny" / f"{split}.bin", 4, 32, 6, 3)

@@ -29,7 +29,7 @@ GROUPS = [
         "tokenizer.spec",
     ),
     ("chat.conversations", "chat.render", "chat.synthetic", "chat.template", "chat.pack", "chat.prepare"),  # chat data
-    ("data", "data.sources", "tokenizer.train"),  # documents in (and the tokenizer trained on them)
+    ("data", "data.sources", "tokenizer.train", "tokenizer.command"),  # documents in (and tokenizers trained on them)
     ("data.loader", "data.prepare", "data.shards", "data.command"),  # datasets in, batches out
     ("weights.checkpoint", "weights.pretrained", "weights.load", "weights.export"),  # weights in and out of files
     ("infer.options", "infer.engine", "infer.sample"),  # using a model
@@ -37,7 +37,7 @@ GROUPS = [
     ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),
     ("train.start", "train.setup", "train.loop"),
     ("bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
-    ("cli.args", "cli.main"),  # the command line; nothing imports it
+    ("cli.tokenizer_args", "cli.args", "cli.main"),  # the command line; nothing imports it
 ]
 STAGES = ["core", "model", "tokenizer", "chat", "data", "weights", "infer", "evaluate", "train", "bench", "cli"]
 ORDER = [name for group in GROUPS for name in group]

@@ -1,7 +1,8 @@
 """`gptforge bench CONFIG --target_loss=X [--compare=OTHER]`: how long a recipe's run from scratch takes to reach a
 val loss. The real training step (train.setup / train_step, with the config's schedule) runs until the loss on a
 fixed held-out set (`HeldOut`) first reaches X; the wall time counts the training steps only, not these
-evaluations. docs/RECIPES.md has the figures."""
+evaluations. `--target_bpb=X` races to bits per byte instead, which compares runs whose tokenizers differ (each on
+its own dataset's held-out text: prepare both from the same text and split). docs/RECIPES.md has the figures."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from gptforge.core.distributed import setup_distributed, teardown
 from gptforge.core.errors import UserError
 from gptforge.data.loader import DTYPES, dataset_dir, open_tokens, read_meta, split_files
 from gptforge.model.gpt import GPT
+from gptforge.tokenizer.spec import from_spec, token_byte_table, tokenizer_spec
 from gptforge.train.loop import apply_lr, train_step
 from gptforge.train.setup import setup
 
@@ -55,16 +57,39 @@ class HeldOut:
         data = torch.from_numpy(tokens[: n * block_size + 1].astype(np.int64))
         self.x = data[:-1].view(n, block_size).to(device)
         self.y = data[1:].view(n, block_size).to(device)
+        lengths = torch.tensor(token_byte_table(from_spec(tokenizer_spec(meta))), dtype=torch.float64)
+        self.window_bytes = lengths[self.y.cpu()].sum(1)  # (n,) the bytes of text each window's targets stand for
 
     @property
     def tokens(self) -> int:
         return self.x.numel()
 
-    @torch.no_grad()
+    @property
+    def bytes(self) -> int:
+        return int(self.window_bytes.sum())
+
     def loss(self, model: GPT, ctx: contextlib.AbstractContextManager, batch_size: int, screen: bool = False):
         """(mean loss per token, its standard error from the per-window means) in eval mode; `screen`: every
         SCREEN_EVERY-th window only."""
+        return self.measure(model, ctx, batch_size, screen)["loss"]
+
+    def measure(self, model: GPT, ctx: contextlib.AbstractContextManager, batch_size: int, screen: bool = False):
+        """{"loss": (mean loss per token, its standard error), "bpb": (bits per byte, its standard error)} from one
+        pass. bpb = the windows' summed loss in nats / (ln 2 x their summed bytes); its standard error is the
+        ratio estimator's (the windows' nats less bpb's share of their bytes, spread over the windows)."""
         rows = torch.arange(0, len(self.x), SCREEN_EVERY if screen else 1)
+        losses = self._window_losses(model, ctx, batch_size, rows)
+        k = len(losses)
+        se = losses.std().item() / math.sqrt(k) if k > 1 else math.inf
+        nats, n_bytes = losses * self.x.shape[1], self.window_bytes[rows]
+        ratio = nats.sum().item() / n_bytes.sum().item() if n_bytes.sum() > 0 else math.nan
+        spread = (nats - ratio * n_bytes).std().item() / math.sqrt(k) if k > 1 else math.inf
+        bpb_se = spread / (n_bytes.mean().item() * math.log(2)) if n_bytes.sum() > 0 else math.inf
+        return {"loss": (losses.mean().item(), se), "bpb": (ratio / math.log(2), bpb_se)}
+
+    @torch.no_grad()
+    def _window_losses(self, model: GPT, ctx: contextlib.AbstractContextManager, batch_size: int, rows: torch.Tensor):
+        """The mean loss per token of each window in `rows` (float64, on the CPU), in eval mode."""
         was_training = model.training
         model.eval()
         per_window = []
@@ -77,9 +102,7 @@ class HeldOut:
                 per_window.append(loss.view(len(x), -1).mean(1).cpu())
         finally:
             model.train(was_training)
-        losses = torch.cat(per_window).double()
-        se = losses.std().item() / math.sqrt(len(losses)) if len(losses) > 1 else math.inf
-        return losses.mean().item(), se
+        return torch.cat(per_window).double()
 
 
 def bench_cfg(cfg: TrainConfig, out_dir: str) -> TrainConfig:
@@ -101,42 +124,59 @@ def bench_cfg(cfg: TrainConfig, out_dir: str) -> TrainConfig:
 
 
 def run_to_target(
-    cfg: TrainConfig, name: str, target: float, eval_every: int, eval_tokens: int, max_seconds: float
+    cfg: TrainConfig,
+    name: str,
+    target: float,
+    eval_every: int,
+    eval_tokens: int,
+    max_seconds: float,
+    metric: str = "loss",
 ) -> dict[str, Any]:
-    """Train `cfg` from scratch until the held-out loss is <= target, max_iters ends, or max_seconds of training."""
+    """Train `cfg` from scratch until the held-out `metric` ('loss' or 'bpb') is <= target, max_iters ends, or
+    max_seconds of training."""
     env = setup_distributed(cfg.device, cfg.backend)
     try:
         if env.ddp:
-            raise UserError("bench --target_loss runs one process; start it without torchrun")
+            raise UserError(f"bench --target_{metric} runs one process; start it without torchrun")
         with tempfile.TemporaryDirectory(prefix="gptforge-bench-") as tmp:
             with contextlib.redirect_stdout(sys.stderr):  # the run's own lines are progress, not the result
                 run = setup(bench_cfg(cfg, os.path.join(tmp, "run")), env)
             assert run is not None, "a run from scratch always starts"
             with run.cleanup:
-                return _train_to_target(run, name, target, eval_every, eval_tokens, max_seconds)
+                return _train_to_target(run, name, (metric, target), eval_every, eval_tokens, max_seconds)
     finally:
         teardown(env)
         gc.collect()
 
 
-def _train_to_target(run, name: str, target: float, every: int, eval_tokens: int, max_seconds: float):
-    cfg = run.cfg
+def _check(held_out: HeldOut, run, metric: str, target: float, ending: bool) -> dict[str, Any]:
+    """One check of the held-out set: the screen (every SCREEN_EVERY-th window; se None), and the whole set when
+    that is within SCREEN_MARGIN of the target or the run ends. Both figures come from the same pass."""
+    batch = max(1, run.cfg.batch_size * run.accum)
+    figures = held_out.measure(run.raw_model, run.ctx, batch, screen=True)
+    se = None
+    if figures[metric][0] <= target + SCREEN_MARGIN or ending:
+        figures = held_out.measure(run.raw_model, run.ctx, batch)
+        se = figures[metric][1]
+    return {"val_loss": figures["loss"][0], "val_bpb": figures["bpb"][0], "se": se}
+
+
+def _train_to_target(run, name: str, goal: tuple[str, float], every: int, eval_tokens: int, max_seconds: float):
+    (metric, target), cfg = goal, run.cfg
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
     held_out = HeldOut(folder, read_meta(folder), cfg.block_size, eval_tokens, cfg.device)
-    eval_batch = max(1, cfg.batch_size * run.accum)
     train_s, curve, best, result = 0.0, [], (math.inf, 0), None
     last_line = time.perf_counter()
     step = 0
     while True:
         ending = step >= cfg.max_iters or train_s >= max_seconds
         if step % every == 0 or ending:
-            loss, se = held_out.loss(run.raw_model, run.ctx, eval_batch, screen=True)[0], None
-            if loss <= target + SCREEN_MARGIN or ending:
-                loss, se = held_out.loss(run.raw_model, run.ctx, eval_batch)
-                best = min(best, (loss, step))
-            # se None: the screen (every SCREEN_EVERY-th window) only
-            curve.append({"step": step, "seconds": train_s, "val_loss": loss, "se": se})
-            if se is not None and loss <= target:
+            check = _check(held_out, run, metric, target, ending)
+            value, se = check[f"val_{metric}"], check["se"]
+            if se is not None:
+                best = min(best, (value, step))
+            curve.append({"step": step, "seconds": train_s, **check})
+            if se is not None and value <= target:
                 result = "reached"
             elif step >= cfg.max_iters:
                 result = "max_iters"
@@ -144,7 +184,8 @@ def _train_to_target(run, name: str, target: float, every: int, eval_tokens: int
                 result = "max_seconds"
             now = time.perf_counter()
             if result or se is not None or step == 0 or now - last_line >= PROGRESS_S:
-                what = f"val {loss:.4f}" + (f" +- {se:.4f}" if se is not None else " (screen)")
+                what = f"val {'bpb ' if metric == 'bpb' else ''}{value:.4f}"
+                what += f" +- {se:.4f}" if se is not None else " (screen)"
                 log(f"  {name}: step {step}/{cfg.max_iters}, {train_s:.1f}s of training, {what}, target {target}")
                 last_line = now
             if result:
@@ -157,6 +198,7 @@ def _train_to_target(run, name: str, target: float, every: int, eval_tokens: int
         step += 1
         if not finite:
             log(f"  {name}: step {step - 1} skipped (loss or gradient not finite)")
+    last = curve[-1]  # always a full evaluation: the last check is one
     return {
         "name": name,
         "reached": result == "reached",
@@ -164,11 +206,13 @@ def _train_to_target(run, name: str, target: float, every: int, eval_tokens: int
         "seconds": train_s,
         "steps": step,
         "tokens": step * run.tokens_per_iter,
-        "val_loss": curve[-1]["val_loss"],  # always a full evaluation: the last check is one
-        "se": curve[-1]["se"],
-        "best_val_loss": best[0],
+        "val_loss": last["val_loss"],
+        "val_bpb": last["val_bpb"],
+        "se": last["se"],  # of the metric raced
+        f"best_val_{metric}": best[0],
         "best_step": best[1],
         "eval_tokens": held_out.tokens,
+        "eval_bytes": held_out.bytes,
         "eval_every": every,
         "curve": curve,
         "settings": {k: getattr(cfg, k) for k in ("dtype", "compile", "device", "optimizer")},
@@ -182,18 +226,22 @@ def run_time_to_loss(
     eval_tokens: int,
     max_seconds: float,
     as_json: bool,
+    metric: str = "loss",
 ) -> dict[str, Any]:
-    """The command: each (name, config) in turn to the same target; the first against the others as ratios."""
+    """The command: each (name, config) in turn to the same target of `metric` (val 'loss' in nats per token, or
+    'bpb', bits per byte); the first against the others as ratios."""
+    assert metric in ("loss", "bpb"), metric
     if not math.isfinite(target) or target <= 0:
-        raise UserError(f"--target_loss must be a positive number, got {target}")
+        raise UserError(f"--target_{metric} must be a positive number, got {target}")
     if eval_tokens <= 0 or (eval_every is not None and eval_every <= 0) or max_seconds <= 0:
         raise UserError("--eval_every, --eval_tokens and --max_seconds must be positive")
     runs = []
     for name, cfg in cfgs:
         every = eval_every or max(1, cfg.max_iters // 100)
-        log(f"{name}: training from scratch until the val loss on the held-out set is {target} or less")
-        runs.append(run_to_target(cfg, name, target, every, eval_tokens, max_seconds))
-    out: dict[str, Any] = {"target_loss": target, "runs": runs}
+        what = "val loss" if metric == "loss" else "val bits per byte"
+        log(f"{name}: training from scratch until the {what} on the held-out set is {target} or less")
+        runs.append(run_to_target(cfg, name, target, every, eval_tokens, max_seconds, metric))
+    out: dict[str, Any] = {f"target_{metric}": target, "metric": metric, "runs": runs}
     first = runs[0]
     for other in runs[1:]:
         ratio = other["seconds"] / first["seconds"] if first["seconds"] > 0 else math.inf
@@ -202,13 +250,22 @@ def run_time_to_loss(
         print(json.dumps(out))
         return out
     for r in runs:
-        where = "reached" if r["reached"] else f"NOT reached ({r['stopped']}; best {r['best_val_loss']:.4f})"
-        print(
-            f"{r['name']}: {where} val {r['val_loss']:.4f} +- {r['se']:.4f} in {r['seconds']:.1f}s of training, "
-            f"{r['steps']} steps, {r['tokens']:,} tokens ({r['settings']['dtype']}, compile={r['settings']['compile']}"
-            f", eval every {r['eval_every']} steps on {r['eval_tokens']:,} held-out tokens)"
-        )
+        print(_summary(r, metric))
     for other in runs[1:]:
         bound = "" if first["reached"] and other["reached"] else " (a bound: one run did not reach the target)"
         print(f"{other['name']} / {first['name']}: {out['ratios'][other['name']]:.2f}x the wall time{bound}")
     return out
+
+
+def _summary(r: dict[str, Any], metric: str) -> str:
+    """A run's result line: the raced figure (and for bpb the loss beside it), time, steps, tokens, settings."""
+    best = r[f"best_val_{metric}"]
+    where = "reached" if r["reached"] else f"NOT reached ({r['stopped']}; best {best:.4f})"
+    value = f"val {r['val_loss']:.4f}" if metric == "loss" else f"val bpb {r['val_bpb']:.4f}"
+    extra = "" if metric == "loss" else f" (loss {r['val_loss']:.4f})"
+    held = f"{r['eval_tokens']:,} held-out tokens" + ("" if metric == "loss" else f" = {r['eval_bytes']:,} bytes")
+    return (
+        f"{r['name']}: {where} {value} +- {r['se']:.4f}{extra} in {r['seconds']:.1f}s of training, "
+        f"{r['steps']} steps, {r['tokens']:,} tokens ({r['settings']['dtype']}, compile={r['settings']['compile']}"
+        f", eval every {r['eval_every']} steps on {held})"
+    )

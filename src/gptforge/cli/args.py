@@ -10,6 +10,7 @@ import dataclasses
 import math
 
 from gptforge import __version__
+from gptforge.cli.tokenizer_args import add_tokenizer
 from gptforge.core.config import CHOICES, FIELDS
 from gptforge.data import RECIPES, SHARD_RECIPES
 from gptforge.infer.options import SOURCE_HELP, WINDOWS, SampleArgs
@@ -24,6 +25,12 @@ override them, in order, the last one winning. Examples:
 
 config keys (--key=DEFAULT  (type)):
 """
+
+
+TOKENIZER_HELP = (
+    "char, gpt2, or an own tokenizer (`gptforge tokenizer train`: its name under tokenizers/, or its folder) for "
+    "recipes text (default: char), shakespeare and the sharded recipes (default: gpt2)"
+)
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -97,9 +104,7 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="dataset name (folder <data_dir>/<name>); needed by 'text' and 'files', else the recipe's",
     )
-    p.add_argument(
-        "--tokenizer", default=None, choices=["char", "gpt2"], help="tokenizer for recipe 'text' (default: char)"
-    )
+    p.add_argument("--tokenizer", default=None, metavar="NAME_OR_FOLDER", help=TOKENIZER_HELP)
     p.add_argument(
         "--val_fraction",
         type=float,
@@ -212,7 +217,7 @@ def add_lm_eval(tasks: argparse._SubParsersAction) -> None:
         "table. The options are lm-eval's. Tasks load their datasets from the Hugging Face hub; "
         "offline, give --include_path with a task YAML over local files (README).",
     )
-    add_model_source(t, "score", "run folder holding ckpt.pt (a GPT-2 BPE run)")
+    add_model_source(t, "score", "run folder holding ckpt.pt (a BPE run: GPT-2's or an own tokenizer's)")
     t.set_defaults(handler="gptforge.evaluate.harness:eval_lm_eval")
     t.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names")
     t.add_argument("--num_fewshot", type=int, default=None, help="examples in each prompt (default: each task's)")
@@ -285,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gptforge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_prepare(sub)
+    add_tokenizer(sub, formatter)
     sub.add_parser("train", help="train a GPT (nanoGPT config files and --key=value options)", add_help=False)
     sub.add_parser(
         "bench", help="time the training step: tokens/s, MFU, memory; --compare with the baseline", add_help=False
@@ -352,6 +358,14 @@ def add_time_to_loss(p: argparse.ArgumentParser) -> None:
         metavar="X",
         help="time to loss: train the config from scratch until the val loss on a fixed held-out set is "
         "X or less; prints wall seconds of training (evaluations not counted), steps and tokens",
+    )
+    p.add_argument(
+        "--target_bpb",
+        type=float,
+        default=None,
+        metavar="X",
+        help="as --target_loss, to a val bits per byte of X (the loss in bits over the bytes of text the tokens "
+        "stand for): compares configs whose tokenizers differ, --compare included",
     )
     p.add_argument(
         "--eval_every",

@@ -76,23 +76,27 @@ def run_bench(args: list[str]) -> int:
     opts, rest = bench_parser().parse_known_args(args)
     from gptforge.core.config import load_config
 
-    if opts.target_loss is not None:
+    if opts.target_loss is not None and opts.target_bpb is not None:
+        raise UserError("--target_loss and --target_bpb each set the target; give one of them")
+    if opts.target_loss is not None or opts.target_bpb is not None:
         from gptforge.bench.time_to_loss import run_time_to_loss
+
+        metric, target = ("loss", opts.target_loss) if opts.target_loss is not None else ("bpb", opts.target_bpb)
 
         files = [a for a in rest if not a.startswith("--") and a.endswith(".py")]
         name = os.path.basename(files[-1]).removesuffix(".py") if files else "config"
         cfgs = [(name, load_config(rest))]
         if opts.compare == "":
-            raise UserError("with --target_loss, --compare names the config to race: --compare=CONFIG_FILE")
+            raise UserError(f"with --target_{metric}, --compare names the config to race: --compare=CONFIG_FILE")
         if opts.compare is not None:  # the other config file, with the same --key=value options on top
             other = os.path.basename(opts.compare).removesuffix(".py")
             other = other if other != name else f"{other} (compare)"
             cfgs.append((other, load_config([opts.compare, *[a for a in rest if a not in files]])))
-        run_time_to_loss(cfgs, opts.target_loss, opts.eval_every, opts.eval_tokens, opts.max_seconds, opts.json)
+        run_time_to_loss(cfgs, target, opts.eval_every, opts.eval_tokens, opts.max_seconds, opts.json, metric)
         return 0
     if opts.compare:
         raise UserError(
-            f"--compare={opts.compare} races two configs and needs --target_loss; a bare --compare "
+            f"--compare={opts.compare} races two configs and needs --target_loss or --target_bpb; a bare --compare "
             "times the baseline step"
         )
     from gptforge.bench.speed import run_bench as bench

@@ -11,7 +11,7 @@ from gptforge.data import RECIPES, SHARD_RECIPES
 
 # option -> the recipes it applies to; an option left at None takes the recipe's own default
 APPLIES = {
-    "tokenizer": ("text",),
+    "tokenizer": ("text", "shakespeare", *SHARD_RECIPES),
     "val_fraction": RECIPES,
     "text_field": SHARD_RECIPES,
     "shard_size": SHARD_RECIPES,

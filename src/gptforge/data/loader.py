@@ -55,14 +55,25 @@ def read_meta(folder: str) -> dict[str, Any]:
 def _check_meta(meta: Any, path: str) -> None:
     if not isinstance(meta, dict) or not isinstance(meta.get("vocab_size"), int) or meta["vocab_size"] <= 0:
         raise UserError(f"{path}: needs a positive integer 'vocab_size'; re-run `gptforge prepare`")
-    if meta.get("tokenizer") not in ("char", "gpt2"):
-        raise UserError(f"{path}: 'tokenizer' must be 'char' or 'gpt2', got {meta.get('tokenizer')!r}")
+    if meta.get("tokenizer") not in ("char", "gpt2", "bpe"):
+        raise UserError(f"{path}: 'tokenizer' must be 'char', 'gpt2' or 'bpe', got {meta.get('tokenizer')!r}")
     if meta.get("dtype", "uint16") not in DTYPES:
         raise UserError(f"{path}: 'dtype' must be one of {', '.join(DTYPES)}, got {meta.get('dtype')!r}")
     if meta["tokenizer"] == "char":
         itos = meta.get("itos")
         if not isinstance(itos, list) or len(itos) != meta["vocab_size"]:
             raise UserError(f"{path}: a char dataset needs 'itos', a list of vocab_size={meta['vocab_size']} chars")
+    if meta["tokenizer"] == "bpe":  # an own BPE: its spec (from_spec rebuilds it), the ranks and specials
+        ranks, specials = meta.get("ranks"), meta.get("specials")
+        if (
+            not isinstance(ranks, list)
+            or not isinstance(specials, dict)
+            or len(ranks) + len(specials) != meta["vocab_size"]
+        ):
+            raise UserError(
+                f"{path}: a bpe dataset needs its tokenizer's 'name', 'pattern', 'ranks' and 'specials' "
+                f"(vocab_size={meta['vocab_size']} tokens in all); re-run `gptforge prepare`"
+            )
     meta.setdefault("dtype", "uint16")
 
 

@@ -17,7 +17,7 @@ from gptforge.core.files import atomic_write, download
 from gptforge.data import RECIPES
 from gptforge.data.sources import read_txt
 from gptforge.tokenizer.char import CharTokenizer
-from gptforge.tokenizer.gpt2 import GPT2Tokenizer
+from gptforge.tokenizer.spec import Tokenizer, named_tokenizer
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 OFFLINE_HINT = "Pass --input PATH to a local copy of the file"
@@ -30,31 +30,28 @@ def prepare(
     input_path: str | None = None,
     files: Sequence[str] = (),
     name: str | None = None,
-    tokenizer: str = "char",
+    tokenizer: str | None = None,
     val_fraction: float = 0.1,
 ) -> dict[str, Any]:
-    """Run a recipe; returns the meta.json it wrote."""
+    """Run a recipe; returns the meta.json it wrote. tokenizer: 'char', 'gpt2' or an own tokenizer's name or
+    folder (text: default char; shakespeare: default gpt2); name: the dataset folder (default: the recipe's)."""
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     if recipe in ("shakespeare_char", "shakespeare"):
-        folder = os.path.join(data_dir, recipe)
-        text = read_txt(existing(shakespeare_input(folder, input_path)))
+        folder = os.path.join(data_dir, name or recipe)
+        text = read_txt(existing(shakespeare_input(os.path.join(data_dir, recipe), input_path)))
         n_train = int(len(text) * (1.0 - val_fraction))
-        tok = CharTokenizer.from_text(text) if recipe == "shakespeare_char" else GPT2Tokenizer()
+        kind = "char" if recipe == "shakespeare_char" else tokenizer or "gpt2"
+        tok = CharTokenizer.from_text(text) if kind == "char" else named_tokenizer(kind)
         train, val = tok.encode(text[:n_train]), tok.encode(text[n_train:])
     elif recipe == "text":
         if not files or not name:
             raise UserError("`gptforge prepare text` needs one or more FILEs and --name NAME")
-        if tokenizer not in ("char", "gpt2"):
-            raise UserError(f"--tokenizer must be 'char' or 'gpt2', got {tokenizer!r}")
         folder = os.path.join(data_dir, name)
+        tok = None if (tokenizer or "char") == "char" else named_tokenizer(tokenizer)  # before reading the files
         docs = [read_txt(existing(f)) for f in files]
-        if tokenizer == "char":
-            tok = CharTokenizer.from_text("".join(docs))
-            ids = tok.encode("".join(docs))
-        else:
-            tok = GPT2Tokenizer()
-            ids = [t for doc in tok.encode_batch(docs) for t in (*doc, tok.eot_token)]  # EOT after each file
+        tok = tok or CharTokenizer.from_text("".join(docs))
+        ids = document_ids(tok, docs)
         n_train = int(len(ids) * (1.0 - val_fraction))
         train, val = ids[:n_train], ids[n_train:]
     else:
@@ -66,17 +63,38 @@ def prepare(
             f"least {MIN_SPLIT_TOKENS} (one window of block_size {MIN_SPLIT_TOKENS - 1} and its next token) to train "
             f"on at all; give more text (or another --val_fraction than {val_fraction})"
         )
-    meta = {
-        "vocab_size": tok.vocab_size,
-        **tok.spec(),
-        "dtype": "uint16" if tok.vocab_size < 2**16 else "uint32",
-        "eot_token": tok.eot_token,
-        "tokens": {"train": len(train), "val": len(val)},
-    }
+    meta = dataset_meta(tok, {"train": len(train), "val": len(val)})
     write_dataset(folder, {"train": train, "val": val}, meta)
     log(f"vocab size {meta['vocab_size']:,} ({meta['tokenizer']}); train {len(train):,} tokens, val {len(val):,}")
     log(f"wrote {folder}/train.bin, val.bin, meta.json")
     return meta
+
+
+def document_ids(tok: Tokenizer, docs: list[str]) -> list[int]:
+    """The files' tokens in one stream: char-level text joined as it is; GPT-2 BPE with <|endoftext|> after each
+    file (as nanoGPT's data); an own BPE with <|bos|> before each (as its shards: every document starts with it)."""
+    if tok.kind == "char":
+        return tok.encode("".join(docs))
+    if tok.kind == "gpt2":
+        return [t for doc in tok.encode_batch(docs) for t in (*doc, tok.eot_token)]
+    return [t for doc in tok.encode_batch(docs) for t in (tok.eot_token, *doc)]
+
+
+def dataset_meta(tok: Tokenizer, tokens: dict[str, int]) -> dict[str, Any]:
+    """meta.json: the vocabulary and its tokenizer's spec (from_spec builds it back), the ids' dtype, the document
+    boundary token and the split sizes."""
+    return {
+        "vocab_size": tok.vocab_size,
+        **tok.spec(),
+        "dtype": token_dtype(tok.vocab_size),
+        "eot_token": tok.eot_token,
+        "tokens": tokens,
+    }
+
+
+def token_dtype(vocab_size: int) -> str:
+    """uint16 while every id fits (GPT-2's 50,257 do), uint32 past 65,536 tokens."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
 
 
 def shakespeare_input(folder: str, input_path: str | None) -> str:

@@ -5,6 +5,7 @@ and how a killed run resumes in docs/ARCHITECTURE.md, "Files"."""
 from __future__ import annotations
 
 import glob
+import hashlib
 import itertools
 import json
 import os
@@ -22,12 +23,13 @@ from gptforge.core.console import log, progress
 from gptforge.core.errors import UserError
 from gptforge.core.files import atomic_write, write_bytes
 from gptforge.data import SHARD_RECIPES
+from gptforge.data.prepare import token_dtype
 from gptforge.data.sources import Source, files_source, hub_source
-from gptforge.tokenizer.gpt2 import GPT2_EOT, GPT2_VOCAB, GPT2Tokenizer
+from gptforge.tokenizer.spec import Tokenizer, from_spec, named_tokenizer
 
 STATE_FILE = ".prepare_state.json"
 STATE_VERSION = 1
-TOKEN_DTYPE = np.dtype("<u2")  # GPT-2's 50,257 ids fit in 16 bits; little-endian on every machine
+TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # little-endian on every machine
 CHUNK_CHARS = 1 << 20  # text per task sent to a worker: big enough to amortise the pickling, small for memory
 
 
@@ -41,8 +43,10 @@ def prepare_shards(
     shard_size: int = 100_000_000,
     val_tokens: int = 1_000_000,
     num_proc: int | None = None,
+    tokenizer: str = "gpt2",
 ) -> dict[str, Any]:
-    """Run a sharded recipe (files, openwebtext, fineweb_edu); returns the meta.json it wrote."""
+    """Run a sharded recipe (files, openwebtext, fineweb_edu); returns the meta.json it wrote. tokenizer: 'gpt2' or
+    an own tokenizer's name or folder."""
     if recipe not in SHARD_RECIPES:
         raise UserError(f"unknown sharded recipe {recipe!r}; choose one of {', '.join(SHARD_RECIPES)}")
     if shard_size < 1:
@@ -52,6 +56,7 @@ def prepare_shards(
     num_proc = num_proc if num_proc is not None else min(os.cpu_count() or 1, 8)
     if num_proc < 1:
         raise UserError(f"--num_proc must be at least 1, got {num_proc}")
+    tok = shard_tokenizer(tokenizer)
     if recipe == "files":
         if not paths or not name:
             raise UserError("`gptforge prepare files` needs one or more PATHs (files or folders) and --name NAME")
@@ -68,19 +73,39 @@ def prepare_shards(
         "text_field": text_field,
         "shard_size": shard_size,
         "val_tokens": val_tokens,
-        "tokenizer": "gpt2",
+        "tokenizer": tokenizer_fingerprint(tok),
     }
     folder = os.path.join(data_dir, name)
-    return ShardWriter(folder, name, options, shard_size, val_tokens).run(source, num_proc)
+    return ShardWriter(folder, name, options, shard_size, val_tokens, tok).run(source, num_proc)
+
+
+def shard_tokenizer(value: str) -> Tokenizer:
+    """GPT-2 BPE or an own BPE: a character vocabulary is built from the whole text, which shards never hold."""
+    if value == "char":
+        raise UserError(
+            "--tokenizer char: a character vocabulary is made from the whole text, and the sharded recipes stream "
+            "theirs; use gpt2 or an own tokenizer (`gptforge tokenizer train`), or recipe 'text' for char-level"
+        )
+    return named_tokenizer(value)
+
+
+def tokenizer_fingerprint(tok: Tokenizer) -> str:
+    """What the resume state records of the tokenizer: 'gpt2', or an own BPE's name and a hash of its spec (a
+    retrained tokenizer of the same name starts the shards over)."""
+    if tok.kind == "gpt2":
+        return "gpt2"
+    spec = json.dumps(tok.spec(), sort_keys=True).encode("utf-8")
+    return f"{tok.kind}:{tok.spec().get('name')}:{hashlib.sha256(spec).hexdigest()[:16]}"
 
 
 # ---------------------------------------------------------------------------------------------- tokenizing
 
 
-def _init_worker(parent: int) -> None:
-    """Worker setup: a tokenizer per process, and exit when the parent dies (even by SIGKILL)."""
+def _init_worker(parent: int, spec: dict[str, Any]) -> None:
+    """Worker setup: the tokenizer rebuilt from its spec, once per process, and exit when the parent dies (even by
+    SIGKILL)."""
     global _TOKENIZER  # per-process state of a pool worker, never of the library
-    _TOKENIZER = GPT2Tokenizer()
+    _TOKENIZER = from_spec(spec)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
     def watch() -> None:
@@ -91,19 +116,20 @@ def _init_worker(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-_TOKENIZER: GPT2Tokenizer | None = None
+_TOKENIZER: Tokenizer | None = None
 
 
-def encode_chunk(docs: list[str], tok: GPT2Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens of docs, each preceded by EOT, concatenated (uint16), and each document's length."""
+def encode_chunk(docs: list[str], tok: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of docs, each preceded by the document boundary (GPT-2's <|endoftext|>, an own BPE's <|bos|>),
+    concatenated (uint16, or uint32 for a vocabulary past 65,536), and each document's length."""
     tok = tok or _TOKENIZER
     assert tok is not None, "encode_chunk runs in a worker set up by _init_worker, or is given a tokenizer"
     encoded = tok.encode_batch(docs)
     lengths = np.fromiter((len(ids) + 1 for ids in encoded), dtype=np.int64, count=len(encoded))
-    tokens = np.empty(int(lengths.sum()), dtype=TOKEN_DTYPE)
+    tokens = np.empty(int(lengths.sum()), dtype=TOKEN_DTYPES[token_dtype(tok.vocab_size)])
     pos = 0
     for ids in encoded:
-        tokens[pos] = GPT2_EOT
+        tokens[pos] = tok.eot_token
         tokens[pos + 1 : pos + 1 + len(ids)] = ids
         pos += len(ids) + 1
     return tokens, lengths
@@ -121,17 +147,18 @@ def chunks(documents: Iterable[str]) -> Iterator[list[str]]:
         yield chunk
 
 
-def encoded_documents(documents: Iterable[str], num_proc: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def encoded_documents(
+    documents: Iterable[str], num_proc: int, tok: Tokenizer
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(tokens, lengths) per chunk, in input order. At most 2 * num_proc chunks are in flight, so memory stays
     bounded however long the stream (Pool.imap would read the whole input ahead)."""
     if num_proc == 1:
-        tok = GPT2Tokenizer()
         for chunk in chunks(documents):
             yield encode_chunk(chunk, tok)
         return
     import multiprocessing
 
-    with multiprocessing.Pool(num_proc, initializer=_init_worker, initargs=(os.getpid(),)) as pool:
+    with multiprocessing.Pool(num_proc, initializer=_init_worker, initargs=(os.getpid(), tok.spec())) as pool:
         pending: deque = deque()
         for chunk in chunks(documents):
             pending.append(pool.apply_async(encode_chunk, (chunk,)))
@@ -158,9 +185,12 @@ class State:
 
 
 class ShardWriter:
-    def __init__(self, folder: str, name: str, options: dict[str, Any], shard_size: int, val_tokens: int):
+    def __init__(
+        self, folder: str, name: str, options: dict[str, Any], shard_size: int, val_tokens: int, tok: Tokenizer
+    ):
         self.folder, self.name, self.options = folder, name, options
-        self.shard_size, self.val_tokens = shard_size, val_tokens
+        self.shard_size, self.val_tokens, self.tok = shard_size, val_tokens, tok
+        self.dtype = TOKEN_DTYPES[token_dtype(tok.vocab_size)]
 
     def run(self, source: Source, num_proc: int) -> dict[str, Any]:
         try:
@@ -196,7 +226,7 @@ class ShardWriter:
     # -- the main loop
 
     def fill(self, state: State, source: Source, num_proc: int) -> None:
-        buffer = np.empty(self.shard_size, dtype=TOKEN_DTYPE)
+        buffer = np.empty(self.shard_size, dtype=self.dtype)
         fill = 0
         split = "train" if state.val_documents is not None else "val"
         doc = state.document
@@ -206,7 +236,7 @@ class ShardWriter:
         bar = progress(source.total, f"tokenizing {self.name}", "doc", initial=doc, mininterval=1.0)
         try:
             documents = itertools.islice(source.documents, doc, None)
-            for tokens, lengths in encoded_documents(documents, num_proc):
+            for tokens, lengths in encoded_documents(documents, num_proc, self.tok):
                 starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
                 for start, length in zip(starts.tolist(), lengths.tolist(), strict=True):
                     if split == "val" and val_seen >= self.val_tokens:  # val is full: close it, train begins
@@ -285,7 +315,7 @@ class ShardWriter:
                 path = os.path.join(self.folder, shard)
                 last = i == len(names) - 1 and (split == "val" and state.val_documents is not None or state.complete)
                 expected = (state.tokens[split] - i * self.shard_size) if last else self.shard_size
-                if not os.path.isfile(path) or os.path.getsize(path) != expected * TOKEN_DTYPE.itemsize:
+                if not os.path.isfile(path) or os.path.getsize(path) != expected * self.dtype.itemsize:
                     log(f"{path} is missing or has the wrong size: starting over")
                     return fresh
         return state
@@ -313,10 +343,10 @@ class ShardWriter:
     def write_meta(self, state: State, source: Source) -> dict[str, Any]:
         assert state.val_documents is not None, "meta is written only after val was closed"
         meta = {
-            "vocab_size": GPT2_VOCAB,
-            "tokenizer": "gpt2",
-            "dtype": "uint16",
-            "eot_token": GPT2_EOT,
+            "vocab_size": self.tok.vocab_size,
+            **self.tok.spec(),
+            "dtype": token_dtype(self.tok.vocab_size),
+            "eot_token": self.tok.eot_token,
             "format": "shards",
             "shard_size": self.shard_size,
             "shards": state.shards,

@@ -30,15 +30,16 @@ from gptforge.weights.load import load_model
 
 
 def check_text_tokenizer(tokenizer: Any) -> None:
-    """lm-eval's tasks are arbitrary text: GPT-2's BPE encodes any text, a run's character vocabulary only the
+    """lm-eval's tasks are arbitrary text: a byte-level BPE (GPT-2's, or an own one: its <|bos|> is the
+    end-of-text token lm-eval puts before a rolling text) encodes any text, a run's character vocabulary only the
     characters of its training file (Tiny Shakespeare's 65 have no digits, no '%', no accents)."""
-    if getattr(tokenizer, "kind", None) != "gpt2":
+    if getattr(tokenizer, "kind", None) == "char":
         chars = "".join(getattr(tokenizer, "itos", []) or [])
         raise UserError(
             f"lm-eval's tasks are text in any characters, and this run's tokenizer is {tokenizer.kind!r}: a "
             f"character vocabulary of {len(chars)} symbols from its training text ({chars[:40]!r}...), which cannot "
             "encode the rest (digits, most punctuation, other scripts) and whose model never saw words as tokens. "
-            "Score a run trained with GPT-2's BPE (e.g. `gptforge prepare shakespeare`, or --init_from=gpt2)"
+            "Score a run trained with a BPE (`gptforge prepare shakespeare`, --tokenizer NAME, or --init_from=gpt2)"
         )
 
 

@@ -1,5 +1,5 @@
-"""Loss and perplexity: `estimate_loss`, shared by training and `gptforge eval loss` (`eval_loss`, a checkpoint's
-loss on a prepared dataset from seeded batches)."""
+"""Loss, perplexity and bits per byte: `estimate_loss`, shared by training and `gptforge eval loss` (`eval_loss`, a
+checkpoint's loss on a prepared dataset from seeded batches)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gptforge.core.console import log
 from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
 from gptforge.core.errors import UserError
 from gptforge.data.loader import Batches, dataset_dir, make_batches, read_meta
-from gptforge.tokenizer.spec import tokenizer_spec
+from gptforge.tokenizer.spec import Tokenizer, token_byte_table, tokenizer_spec
 from gptforge.weights.load import load_model
 
 
@@ -25,24 +25,44 @@ def estimate_loss(
     eval_iters: int,
     ctx: contextlib.AbstractContextManager | None = None,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    token_bytes: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """Mean loss per split in eval mode (no dropout); `reduce` averages across ranks under DDP."""
+    """Mean loss per split in eval mode (no dropout), keyed by split; with `token_bytes` (the bytes of text each id
+    stands for: byte_table) also each split's bits per byte as `<split>_bpb`: the summed loss in nats over ln 2
+    times the summed bytes of the target tokens, over the same batches, so runs with different vocabularies
+    compare. `reduce` averages across ranks under DDP (the bpb sums are reduced apart, then divided)."""
     was_training = model.training
     model.eval()
     out = {}
     try:
         for split, loader in loaders.items():
             total = torch.zeros((), device=loader.device)
+            wide = torch.float32 if loader.device.type == "mps" else torch.float64  # MPS has no float64
+            nats, n_bytes = torch.zeros(2, dtype=wide, device=loader.device)
             for _ in range(eval_iters):
                 x, y = loader.next_batch()
                 with ctx or contextlib.nullcontext():
                     _, loss = model(x, y)
                 total += loss.float()
+                if token_bytes is not None:
+                    scored = y >= 0  # -1: a position without a target (ignored by the loss)
+                    nats += loss.to(wide) * scored.sum()
+                    n_bytes += torch.where(scored, token_bytes[y.clamp(min=0)], 0).sum()
             mean = total / eval_iters
             out[split] = (reduce(mean) if reduce else mean).item()
+            if token_bytes is not None:
+                sums = torch.stack([nats, n_bytes])
+                nats_sum, bytes_sum = (reduce(sums) if reduce else sums).tolist()
+                out[f"{split}_bpb"] = nats_sum / (math.log(2) * bytes_sum) if bytes_sum > 0 else math.nan
     finally:
         model.train(was_training)
     return out
+
+
+def byte_table(tok: Tokenizer, rows: int, device: str | torch.device) -> torch.Tensor:
+    """The bytes of text each of a model's `rows` ids stands for (specials and padding rows: 0), on `device`:
+    estimate_loss's denominator of bits per byte."""
+    return torch.tensor(token_byte_table(tok, rows), dtype=torch.long, device=device)
 
 
 def eval_loss(
@@ -87,7 +107,8 @@ def eval_loss(
     }
     dtype = resolve_dtype(dtype, device_type(device), model.config.n_embd)  # train's rule, for this model
     log(f"loss: {iters} batches of {batch} x {block} tokens per split from {folder} on {device} ({dtype})")
-    losses = estimate_loss(model, loaders, iters, autocast_context(device_type(device), dtype))
+    table = byte_table(tok, model.config.vocab_size, device)
+    losses = estimate_loss(model, loaders, iters, autocast_context(device_type(device), dtype), token_bytes=table)
     for s in splits:
-        print(f"{s} loss {losses[s]:.4f} (ppl {math.exp(min(losses[s], 700)):.2f})")
+        print(f"{s} loss {losses[s]:.4f} (ppl {math.exp(min(losses[s], 700)):.2f}), bpb {losses[s + '_bpb']:.4f}")
     return losses

@@ -270,7 +270,8 @@ class GPT(nn.Module):
 
 
 def model_vocab_size(meta: dict) -> int:
-    """The embedding rows a new model gets for a dataset's vocabulary: GPT-2 BPE's 50257 padded to a multiple of
-    64 (50304), which matmul kernels prefer (the extra rows never occur in data); a char vocabulary as it is."""
+    """The embedding rows a new model gets for a dataset's vocabulary: a BPE's (GPT-2's 50257, an own one's) padded
+    to a multiple of 64 (50304), which matmul kernels prefer (the extra rows never occur in data; the export cuts
+    them); a char vocabulary as it is (nanoGPT's shape)."""
     vocab = meta["vocab_size"]
-    return -(-vocab // 64) * 64 if meta["tokenizer"] == "gpt2" else vocab
+    return -(-vocab // 64) * 64 if meta["tokenizer"] in ("gpt2", "bpe") else vocab

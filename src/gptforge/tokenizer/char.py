@@ -35,6 +35,10 @@ class CharTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join(self.itos[i] for i in ids if 0 <= i < self.vocab_size)
 
+    def token_byte_lengths(self) -> list[int]:
+        """For each id, the UTF-8 bytes of its character: the denominator of bits per byte (1 each on ASCII)."""
+        return [len(c.encode("utf-8")) for c in self.itos]
+
     def spec(self) -> dict[str, Any]:
         return {"tokenizer": self.kind, "itos": self.itos}
 

@@ -35,6 +35,11 @@ class GPT2Tokenizer:
         # Ids past 50257 exist only as padding rows of a 50304 vocabulary; they carry no text.
         return self.enc.decode([i for i in ids if 0 <= i < self.vocab_size])
 
+    def token_byte_lengths(self) -> list[int]:
+        """For each id, how many bytes of text it stands for (<|endoftext|>: 0): the denominator of bits per byte."""
+        one = self.enc.decode_single_token_bytes
+        return [0 if i == self.eot_token else len(one(i)) for i in range(self.vocab_size)]
+
     def spec(self) -> dict[str, Any]:
         return {"tokenizer": self.kind}
 

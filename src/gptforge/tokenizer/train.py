@@ -25,6 +25,7 @@ from gptforge.core.errors import UserError
 from gptforge.core.files import fsync_path, temp_path
 from gptforge.data.sources import iter_jsonl, iter_parquet
 from gptforge.tokenizer.bpe import GPTFORGE_FILE, PATTERN, BPETokenizer, load_tokenizer
+from gptforge.tokenizer.spec import BUILT_IN
 from gptforge.tokenizer.specials import SPECIALS
 
 # A folder contributes the files with these endings; a file named on its own is read whatever its name.
@@ -296,6 +297,8 @@ def _check_request(paths, vocab_size, name, out_root, max_chars, doc_chars, forc
             raise UserError(f"{flag} {value}: give a positive number of characters (or leave it out)")
     if not NAME.fullmatch(name or ""):
         raise UserError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only (it names {out_root}/NAME)")
+    if name in BUILT_IN:
+        raise UserError(f"--name {name}: {name!r} means the built-in tokenizer to --tokenizer; choose another name")
     folder = os.path.join(out_root, name)
     if os.path.lexists(folder):
         if not force:

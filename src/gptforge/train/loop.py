@@ -51,7 +51,8 @@ def train_loop(run: Run, stop: StopFlag) -> dict[str, Any]:
         evaluated = improved = False
         if not stop.requested and (due(step, cfg.eval_interval, last) or cfg.eval_only):
             losses = evaluate(run)
-            metrics.log(step, "eval", train_loss=losses["train"], val_loss=losses["val"], lr=lr)
+            bpb = {k: v for k, v in losses.items() if k.endswith("_bpb")}  # train_bpb, val_bpb
+            metrics.log(step, "eval", train_loss=losses["train"], val_loss=losses["val"], **bpb, lr=lr)
             evaluated, improved = True, losses["val"] < run.best_val_loss
             run.best_val_loss = min(run.best_val_loss, losses["val"])
         run.checkpointer.at_step(step, evaluated, improved, stop.requested, run.best_val_loss, run.data_state)
@@ -152,6 +153,9 @@ def due(step: int, interval: int, last: bool) -> bool:
 
 
 def evaluate(run: Run) -> dict[str, float]:
-    """Mean loss per split over eval_iters batches, averaged over the ranks."""
+    """Mean loss per split over eval_iters batches, averaged over the ranks, and each split's bits per byte
+    (`train_bpb`, `val_bpb`)."""
     reduce = functools.partial(all_reduce_mean, env=run.env) if run.env.ddp else None
-    return estimate_loss(run.model, run.eval_batches(), run.eval_iters, run.ctx, reduce=reduce)
+    return estimate_loss(
+        run.model, run.eval_batches(), run.eval_iters, run.ctx, reduce=reduce, token_bytes=run.token_bytes
+    )

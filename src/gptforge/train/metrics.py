@@ -236,6 +236,9 @@ def _console_line(step: int, kind: str, v: dict[str, Any]) -> str:
             if v.get(split + "_ppl") is not None:
                 text += f" (ppl {v[split + '_ppl']:.2f})"
             parts.append(text)
+        parts += [
+            f"{split} bpb {v[split + '_bpb']:.4f}" for split in ("train", "val") if v.get(split + "_bpb") is not None
+        ]
         return f"step {step}: " + ", ".join(parts)
     if kind == "hellaswag":
         return f"step {step}: hellaswag acc_norm {v['acc_norm']:.4f}, acc {v['acc']:.4f} ({v['n']} examples)"

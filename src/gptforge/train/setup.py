@@ -21,10 +21,11 @@ from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
 from gptforge.data.loader import Batches, dataset_dir, make_batches, read_meta
 from gptforge.evaluate.hellaswag import hellaswag_task
+from gptforge.evaluate.loss import byte_table
 from gptforge.infer.sample import Sampler
 from gptforge.model.gpt import GPT
 from gptforge.model.optim import configure_optimizer, muon_settings
-from gptforge.tokenizer.spec import tokenizer_spec
+from gptforge.tokenizer.spec import from_spec, tokenizer_spec
 from gptforge.train.checkpointer import Checkpointer
 from gptforge.train.metrics import Metrics, open_outputs
 from gptforge.train.parallel import compile_and_wrap, gradient_sync, place_model
@@ -56,6 +57,7 @@ class Run:
     iter_num: int = 0
     best_val_loss: float = math.inf
     bad_steps: int = 0  # steps skipped in a row (loss or gradient not finite)
+    token_bytes: torch.Tensor | None = None  # bytes of text per id: evaluations' bits per byte
     # derived from the above in __post_init__
     peak_flops: float = field(init=False)  # what MFU is measured against (rank 0)
     ctx: contextlib.AbstractContextManager = field(init=False)  # autocast, or nothing for float32
@@ -130,6 +132,7 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
         data_state,
         iter_num,
         best_val_loss,
+        token_bytes=byte_table(from_spec(tokenizer_spec(meta)), start.args["vocab_size"], env.device),
     )
     metrics.info(describe(run, start, malloc))
     return run

@@ -19,6 +19,7 @@ const S = {
   selected: [],        // ids, in the order ticked
   focus: null,         // id shown in the details panel
   log: false,
+  bpb: false,          // the loss chart in bits per byte (each evaluation's train_bpb, val_bpb)
   smoothing: 0.6,
   filter: "",
   configFilter: "",
@@ -77,7 +78,7 @@ function emptyData() {
   for (const k of TRAIN_KEYS) train[k] = [];
   return {
     offset: 0, file: "", missing: false, ended: false,
-    train, eval: { step: [], val_loss: [], train_loss: [] },
+    train, eval: { step: [], val_loss: [], train_loss: [], val_bpb: [], train_bpb: [] },
     hellaswag: { step: [], acc: [], acc_norm: [] }, sample: [],
     skip: { step: [], loss: [], grad_norm: [], in_a_row: [] },  // steps skipped: loss or grad norm not finite
   };
@@ -94,6 +95,8 @@ function addRecords(d, records) {
       d.eval.step.push(r.step);
       d.eval.val_loss.push(num(r.val_loss));
       d.eval.train_loss.push(num(r.train_loss));
+      d.eval.val_bpb.push(num(r.val_bpb));  // null for runs from before bits per byte
+      d.eval.train_bpb.push(num(r.train_bpb));
     } else if (r.kind === "hellaswag") {
       d.hellaswag.step.push(r.step);
       d.hellaswag.acc.push(num(r.acc));
@@ -222,9 +225,11 @@ function initialSelection() {
 function readHash() {
   const p = new URLSearchParams(location.hash.slice(1));
   if (p.has("log")) S.log = p.get("log") === "1";
+  if (p.has("bpb")) S.bpb = p.get("bpb") === "1";
   if (p.has("smooth")) S.smoothing = Math.min(0.99, Math.max(0, Number(p.get("smooth")) || 0));
   if (p.has("focus")) S.focus = p.get("focus");
   $("logscale").checked = S.log;
+  $("bpb").checked = S.bpb;
   $("smoothing").value = S.smoothing;
   $("smoothing-value").textContent = S.smoothing.toFixed(2);
   return (p.get("runs") || "").split(",").filter(Boolean);
@@ -235,6 +240,7 @@ function writeHash() {
   p.set("runs", S.selected.join(","));
   if (S.focus) p.set("focus", S.focus);
   p.set("log", S.log ? "1" : "0");
+  if (S.bpb) p.set("bpb", "1");
   p.set("smooth", S.smoothing.toFixed(2));
   history.replaceState(null, "", `#${p.toString()}`);
 }
@@ -380,6 +386,20 @@ function draw(divId, traces, layoutExtra) {
   }
 }
 
+// The loss chart's traces of a run: train loss (every logged step, smoothed) and val loss; with the bits-per-byte
+// toggle each evaluation's train_bpb and val_bpb instead (a train step's loss has no byte count of its own).
+function lossTraces(run, d) {
+  const c = colour(run);
+  const val = S.bpb ? d.eval.val_bpb : d.eval.val_loss;
+  const dashed = line(run, d.eval.step, val, { name: `${run.name} val`, mode: "lines+markers",
+    line: { color: c, width: 2, dash: "dash" }, marker: { size: 7, color: c, line: { color: cssVar("--panel"), width: 1.5 } },
+    hovertemplate: `${run.name} val${S.bpb ? " bpb" : ""}<br>step %{x}: %{y:.4f}<extra></extra>` });
+  if (!S.bpb) return [...smoothed(run, d.train.step, d.train.loss, `${run.name} train`, "%{y:.4f}"), dashed];
+  const train = line(run, d.eval.step, d.eval.train_bpb, { name: `${run.name} train`, mode: "lines+markers",
+    marker: { size: 5, color: c }, hovertemplate: `${run.name} train bpb<br>step %{x}: %{y:.4f}<extra></extra>` });
+  return [train, dashed];
+}
+
 const CHARTS = ["chart-loss", "chart-lr", "chart-grad", "chart-tps", "chart-mfu", "chart-hellaswag"];
 
 function selectedRuns() {
@@ -394,10 +414,7 @@ function renderCharts() {
     const d = S.data.get(run.id);
     if (!d) continue;
     const t = d.train, c = colour(run);
-    loss.push(...smoothed(run, t.step, t.loss, `${run.name} train`, "%{y:.4f}"));
-    loss.push(line(run, d.eval.step, d.eval.val_loss, { name: `${run.name} val`, mode: "lines+markers",
-      line: { color: c, width: 2, dash: "dash" }, marker: { size: 7, color: c, line: { color: cssVar("--panel"), width: 1.5 } },
-      hovertemplate: `${run.name} val<br>step %{x}: %{y:.4f}<extra></extra>` }));
+    loss.push(...lossTraces(run, d));
     if (d.skip.step.length) skips.push(skipTrace(run, d.skip));
     lr.push(line(run, t.step, t.lr, { hovertemplate: `${run.name}<br>step %{x}: %{y:.3e}<extra></extra>` }));
     grad.push(line(run, t.step, smooth(t.grad_norm, S.smoothing)));
@@ -414,8 +431,12 @@ function renderCharts() {
   }
   const logType = S.log ? "log" : "linear";
   const legend = { showlegend: multi, legend: { orientation: "h", y: -0.18 } };
-  draw("chart-loss", loss.concat(skips), Object.assign({ yaxis: { title: { text: "loss" }, type: logType,
-    uirevision: `${logType}` }, yaxis2: skipAxis() }, multi ? legend : {},
+  $("loss-title").textContent = S.bpb ? "Bits per byte" : "Loss";
+  $("loss-note").textContent = S.bpb
+    ? "each evaluation's train (solid) and val (dashed, dots): the loss in bits over the bytes of text, across tokenizers"
+    : "train (solid) and val (dashed, dots) against step";
+  const lossAxis = { title: { text: S.bpb ? "bits per byte" : "loss" }, type: logType, uirevision: `${logType} ${S.bpb}` };
+  draw("chart-loss", loss.concat(skips), Object.assign({ yaxis: lossAxis, yaxis2: skipAxis() }, multi ? legend : {},
     multi ? { margin: { l: 60, r: 16, t: 8, b: 70 } } : {}));
   draw("chart-lr", lr, { yaxis: { exponentformat: "e", tickformat: ".1e" } });
   draw("chart-grad", grad.concat(skips), { yaxis: { type: logType, uirevision: `${logType}` }, yaxis2: skipAxis() });
@@ -488,6 +509,11 @@ function last(arr) {
   return null;
 }
 
+function lowest(arr) {
+  const values = arr.filter((v) => v !== null);
+  return values.length ? Math.min(...values) : null;
+}
+
 function renderCards() {
   const cards = $("cards");
   cards.replaceChildren();
@@ -517,8 +543,8 @@ function renderCards() {
       el("div", { class: "progress-text" }, el("span", {}, left), el("span", {}, right)),
       el("div", { class: "stats" },
         stat("loss", fmtNum(run.loss, 4)),
-        stat("val loss", fmtNum(run.val_loss, 4)),
-        stat("best val", fmtNum(run.best_val_loss, 4)),
+        S.bpb ? stat("val bpb", fmtNum(last(d.eval.val_bpb), 4)) : stat("val loss", fmtNum(run.val_loss, 4)),
+        S.bpb ? stat("best val bpb", fmtNum(lowest(d.eval.val_bpb), 4)) : stat("best val", fmtNum(run.best_val_loss, 4)),
         stat("tokens/s", tps === null ? "–" : Math.round(tps).toLocaleString()),
         stat("mfu", mfu === null ? "–" : `${(mfu * 100).toFixed(1)}%`),
         stat("updated", run.updated ? fmtAgo(run.updated, now) : "–"))));
@@ -610,6 +636,7 @@ function render() {
 function init() {
   readHash();
   $("logscale").addEventListener("change", (e) => { S.log = e.target.checked; S.dirty = true; writeHash(); render(); });
+  $("bpb").addEventListener("change", (e) => { S.bpb = e.target.checked; S.dirty = true; writeHash(); render(); });
   $("smoothing").addEventListener("input", (e) => {
     S.smoothing = Number(e.target.value);
     $("smoothing-value").textContent = S.smoothing.toFixed(2);
