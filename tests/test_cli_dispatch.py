@@ -31,6 +31,8 @@ def test_every_argparse_subcommand_has_a_handler():
     assert names == {
         "prepare",
         "sample",
+        "chat",
+        "serve",
         "export",
         "dashboard",
         "eval hellaswag",

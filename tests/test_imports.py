@@ -33,11 +33,13 @@ GROUPS = [
     ("data.loader", "data.prepare", "data.shards", "data.command"),  # datasets in, batches out
     ("weights.checkpoint", "weights.pretrained", "weights.load", "weights.export"),  # weights in and out of files
     ("infer.options", "infer.engine", "infer.sample"),  # using a model
+    ("infer.textstream", "infer.sampling", "infer.chat_model", "infer.session", "infer.chat_cli"),  # talking to it
+    ("infer.batcher", "infer.openai_api", "infer.serve"),  # serving it
     ("evaluate.loss", "evaluate.hellaswag", "evaluate.harness_model", "evaluate.harness"),  # measuring a model
     ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),
     ("train.start", "train.setup", "train.loop"),
     ("bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
-    ("cli.tokenizer_args", "cli.args", "cli.main"),  # the command line; nothing imports it
+    ("cli.tokenizer_args", "cli.chat_args", "cli.args", "cli.main"),  # the command line; nothing imports it
 ]
 STAGES = ["core", "model", "tokenizer", "chat", "data", "weights", "infer", "evaluate", "train", "bench", "cli"]
 ORDER = [name for group in GROUPS for name in group]

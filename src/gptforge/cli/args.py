@@ -10,6 +10,7 @@ import dataclasses
 import math
 
 from gptforge import __version__
+from gptforge.cli.chat_args import add_chat, add_serve
 from gptforge.cli.tokenizer_args import add_tokenizer
 from gptforge.core.config import CHOICES, FIELDS
 from gptforge.data import RECIPES, SHARD_RECIPES
@@ -296,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="time the training step: tokens/s, MFU, memory; --compare with the baseline", add_help=False
     )
     add_sample(sub)
+    add_chat(sub, formatter)
+    add_serve(sub, formatter)
     add_export_and_dashboard(sub)
     add_eval(sub)
     return parser

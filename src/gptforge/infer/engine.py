@@ -144,6 +144,12 @@ class Rows:
     def room(self) -> int:
         return self.cache.max_len - self.cache.position
 
+    def truncate(self, length: int) -> None:
+        """Forget every token after the first `length` (a conversation rewound or re-rendered): the next feed
+        continues from there, writing over what was held."""
+        assert 0 <= length <= self.cache.position, f"cannot keep {length} of {self.cache.position} tokens"
+        self.cache.position = length
+
     @torch.no_grad()
     def feed(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.size(1) > self.room:

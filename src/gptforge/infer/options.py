@@ -64,3 +64,33 @@ class SampleArgs:
         "(sliding-window attention: other text than 'slide')",
         _window,
     )
+
+
+def _penalty(value: float) -> str | None:
+    return "must be a positive number (1 = off; 1.1-1.3 discourages repeating)" if not 0.0 < value < math.inf else None
+
+
+@dataclass
+class ChatArgs:
+    """`gptforge chat`'s options: sample's where they mean the same, and the conversation's own."""
+
+    out_dir: str = setting("out", "run folder holding ckpt.pt")
+    init_from: str = setting("resume", SOURCE_HELP)
+    ckpt: str | None = setting(None, "a checkpoint file to read instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)")
+    system: str | None = setting(None, "the system message (a chat model's instructions), e.g. 'Answer briefly.'")
+    prompt: str | None = setting(None, "answer this one message, print the answer to stdout and exit")
+    max_new_tokens: int = setting(512, "the longest answer, in tokens", positive)
+    temperature: float = setting(
+        0.6, "< 1 sharper, > 1 more random, 0 greedy (the same answer every time)", _temperature
+    )
+    top_k: int = setting(50, "sample from the k likeliest tokens only (0 = all)", _top_k)
+    top_p: float = setting(
+        1.0, "sample from the smallest set of tokens holding this much probability (1 = off)", _top_p
+    )
+    repetition_penalty: float = setting(
+        1.0, "divide the logits of tokens already in the conversation by this", _penalty
+    )
+    stop: list[str] | None = setting(None, "end an answer where this text appears (not shown); repeat for several")
+    seed: int = setting(1337, "random seed: the same seed, settings and conversation give the same answers")
+    device: str = setting("auto", "cpu, cuda, cuda:N, mps or auto")
+    dtype: str = setting("auto", "autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")

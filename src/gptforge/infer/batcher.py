@@ -1,0 +1,284 @@
+"""Continuous batching for `gptforge serve`: every request's rows share each model step. A thread owns the model;
+between two steps it admits waiting requests (each prompt prefilled on its own, its n choices forked from that one
+prefill) and drops rows that finished or whose client left, so rows join and leave while the others go on.
+
+SlotCache is the KV cache behind it, speaking the protocol GPT's attention uses (`update(layer, k, v)`, `length`,
+`position`, `ring`, `advance`): a fixed number of slots, each row its own length. The live rows sit in slots
+0..B-1 (a row that leaves is replaced by the last one), so a step reads the cache as one view, without copies; each
+row's new key goes to its own position, and a padding mask hides the keys past each row's length."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from gptforge.core.console import log
+from gptforge.infer.chat_model import LoadedModel
+from gptforge.infer.sampling import Choice, RowSampler, SamplingParams, choose_rows, top_logprobs
+from gptforge.infer.textstream import TextStream
+
+
+class SlotCache:
+    ring = False
+
+    def __init__(self, n_layer: int, slots: int, max_len: int):
+        self.n_layer, self.slots, self.max_len = n_layer, slots, max_len
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.position = 0  # GPT reads it only when it is given no positions: prefills, which start at 0
+        self.length = 0  # what attention takes as the cached tokens: 0 makes a prefill causal
+        self._slot, self._rows, self._lengths, self._width = 0, None, None, 0
+
+    def prefill(self, slot: int) -> None:
+        """The next forward pass is one row's prompt, from position 0, into `slot`."""
+        self._slot, self._rows, self.length = slot, None, 0
+
+    def step(self, lengths: torch.Tensor) -> None:
+        """The next forward pass is one token for each of the rows in slots 0..B-1, which hold `lengths` (B,)."""
+        self._rows, self._lengths = torch.arange(lengths.numel(), device=lengths.device), lengths
+        self._width = int(lengths.max()) + 1
+        self.length = self._width - 1
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self.k) <= layer:  # allocated on first use, in the dtype attention produces (autocast's)
+            _, nh, _, hs = k.shape
+            self.k.append(k.new_empty(self.slots, nh, self.max_len, hs))
+            self.v.append(v.new_empty(self.slots, nh, self.max_len, hs))
+        K, V = self.k[layer], self.v[layer]
+        if self._rows is None:
+            s, T = self._slot, k.size(2)
+            K[s, :, :T], V[s, :, :T] = k[0], v[0]
+            return K[s : s + 1, :, :T], V[s : s + 1, :, :T]
+        K[self._rows, :, self._lengths] = k[:, :, 0]
+        V[self._rows, :, self._lengths] = v[:, :, 0]
+        B = self._rows.numel()
+        return K[:B, :, : self._width], V[:B, :, : self._width]
+
+    def advance(self, T: int) -> None:
+        """Each row's length is the batcher's to keep."""
+
+    def copy(self, source: int, target: int, length: int) -> None:
+        for K, V in zip(self.k, self.v, strict=True):
+            K[target, :, :length] = K[source, :, :length]
+            V[target, :, :length] = V[source, :, :length]
+
+
+@dataclass
+class Event:
+    """What happens to a request, handed to its `emit` on the batcher's thread. kind 'token': choice `index` got
+    `token` (with its Choice) and `text` became showable; 'prompt': the prompt's `logprobs` (echo); 'done': the
+    choice ended with `finish` after `tokens` tokens; 'error': the request failed (`text` says why)."""
+
+    kind: str
+    index: int = 0
+    text: str = ""
+    token: int | None = None
+    choice: Choice | None = None
+    finish: str | None = None
+    tokens: int = 0
+    logprobs: list[tuple[int, float | None, list[tuple[int, float]]]] | None = None
+
+
+@dataclass
+class Request:
+    prompts: list[list[int]]
+    params: SamplingParams
+    max_tokens: int
+    emit: Callable[[Event], None]
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    prompt_logprobs: bool = False  # echo with logprobs: every prompt token's log-probability
+    cancelled: bool = False
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) * self.n
+
+
+@dataclass
+class Row:
+    request: Request
+    index: int  # the choice's index in the response: prompt * n + j
+    sampler: RowSampler
+    stream: TextStream
+    length: int  # tokens in the cache
+    next_token: int = -1  # sampled, to be fed at the next step
+    made: int = 0
+    done: bool = False
+
+
+class Batcher:
+    """The model's thread: `submit(request)`, `cancel(request)`, `close()` (finishes what was submitted first)."""
+
+    def __init__(self, lm: LoadedModel, max_batch: int = 16):
+        self.lm, self.max_batch = lm, max_batch
+        self.cache = SlotCache(lm.model.config.n_layer, max_batch, lm.block_size)
+        self.rows: list[Row] = []  # rows[i] lives in slot i
+        self.waiting: deque[Request] = deque()
+        self.cond = threading.Condition()
+        self.closing = False
+        self.stats = {"steps": 0, "step_tokens": 0, "prefill_tokens": 0, "requests": 0, "max_rows": 0}
+        self.thread = threading.Thread(target=self._run, name="gptforge-batcher", daemon=True)
+        self.thread.start()
+
+    def submit(self, request: Request) -> None:
+        assert request.rows <= self.max_batch, "the API checks n and the prompts against max_batch"
+        with self.cond:
+            if self.closing:
+                raise RuntimeError("the server is shutting down")
+            self.waiting.append(request)
+            self.cond.notify()
+
+    def cancel(self, request: Request) -> None:
+        """The client left: its rows are dropped before the next step (or it is never started)."""
+        request.cancelled = True
+        with self.cond:
+            self.cond.notify()
+
+    def close(self, timeout: float | None = None) -> None:
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+        self.thread.join(timeout)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {**self.stats, "rows": len(self.rows), "waiting": len(self.waiting)}
+
+    def _run(self) -> None:
+        with torch.no_grad(), self.lm.autocast():  # autocast is per thread: it is entered here
+            while True:
+                with self.cond:
+                    while not (self.waiting or self.rows or self.closing):
+                        self.cond.wait()
+                    if self.closing and not self.waiting and not self.rows:
+                        return
+                    admitted = self._admit()
+                for request in admitted:
+                    self._guarded([request], lambda r=request: self._start(r))
+                self._compact()
+                if self.rows:
+                    self._guarded({id(r.request): r.request for r in self.rows}.values(), self._step)
+                    self._compact()
+
+    def _admit(self) -> list[Request]:
+        free, out = self.max_batch - len(self.rows), []
+        while self.waiting and (self.waiting[0].cancelled or self.waiting[0].rows <= free):
+            request = self.waiting.popleft()
+            if not request.cancelled:
+                out.append(request)
+                free -= request.rows
+        return out
+
+    def _guarded(self, requests, work: Callable[[], None]) -> None:
+        """Run `work`; a failure ends the requests it concerned with an error, and the server goes on."""
+        try:
+            work()
+        except Exception as e:  # a bug or an out-of-memory: said to the clients concerned, logged with its traceback
+            log(f"serve: a model step failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            for request in list(requests):
+                request.emit(Event("error", text=f"the model failed: {type(e).__name__}: {e}"))
+                request.cancelled = True
+
+    def _start(self, request: Request) -> None:
+        model, vocab = self.lm.model, self.lm.vocab
+        self.stats["requests"] += 1
+        for p, prompt in enumerate(request.prompts):
+            slot = len(self.rows)
+            self.cache.prefill(slot)
+            hidden = model.hidden_states(torch.tensor([prompt], device=self.lm.device), cache=self.cache)
+            logits = model.logits(hidden[0] if request.prompt_logprobs else hidden[0, -1:]).float()[:, :vocab]
+            self.stats["prefill_tokens"] += len(prompt)
+            if request.prompt_logprobs:
+                info = prompt_logprobs(logits, prompt, request.params.logprobs or 0)
+                for j in range(request.n):
+                    request.emit(Event("prompt", index=p * request.n + j, logprobs=info))
+            for j in range(request.n):
+                if j:
+                    self.cache.copy(slot, slot + j, len(prompt))
+                sampler = RowSampler(_seeded(request.params, j), vocab, self.lm.device, prompt)
+                stream = TextStream(self.lm.text.bytes, request.stop)
+                row = Row(request, p * request.n + j, sampler, stream, len(prompt))
+                self.rows.append(row)
+                if request.max_tokens <= 0:
+                    self._finish(row, "length")
+                else:
+                    self._advance(row, sampler.choose(logits[-1]))
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(self.rows))
+
+    def _step(self) -> None:
+        rows = [r for r in self.rows]
+        device = self.lm.device
+        tokens = torch.tensor([[r.next_token] for r in rows], device=device)  # (B, 1)
+        lengths = torch.tensor([r.length for r in rows], device=device)  # (B,)
+        mask = None
+        if len(rows) > 1:  # each row sees its own keys: those past its length are another row's padding
+            mask = (torch.arange(int(lengths.max()) + 1, device=device) <= lengths[:, None])[:, None, None, :]
+        self.cache.step(lengths)
+        hidden = self.lm.model.hidden_states(tokens, cache=self.cache, positions=lengths[:, None], mask=mask)
+        logits = self.lm.model.logits(hidden[:, -1]).float()[:, : self.lm.vocab]  # (B, V)
+        self.stats["steps"] += 1
+        self.stats["step_tokens"] += len(rows)
+        for row in rows:
+            row.length += 1
+        for row, choice in zip(rows, choose_rows(logits, [r.sampler for r in rows]), strict=True):
+            self._advance(row, choice)
+
+    def _advance(self, row: Row, choice: Choice) -> None:
+        """A token was sampled for `row`: the stop rule, then the token is shown and queued to be fed."""
+        token = choice.token
+        if token in self.lm.stop_ids:
+            self._finish(row, "stop", choice)
+            return
+        row.made += 1
+        row.request.emit(Event("token", row.index, row.stream.push(token), token, choice))
+        if row.stream.stopped:
+            self._finish(row, "stop")
+        elif row.made >= row.request.max_tokens or row.length >= self.lm.block_size:
+            self._finish(row, "length")
+        else:
+            row.next_token = token
+
+    def _finish(self, row: Row, reason: str, choice: Choice | None = None) -> None:
+        rest = row.stream.finish()
+        if rest:
+            row.request.emit(Event("token", row.index, rest))
+        row.done = True
+        row.request.emit(Event("done", row.index, finish=reason, tokens=row.made, choice=choice))
+
+    def _compact(self) -> None:
+        """Drop finished and abandoned rows; the last row moves into each freed slot."""
+        i = 0
+        while i < len(self.rows):
+            if self.rows[i].done or self.rows[i].request.cancelled:
+                last = self.rows.pop()
+                if i < len(self.rows):
+                    self.cache.copy(len(self.rows), i, last.length)
+                    self.rows[i] = last
+            else:
+                i += 1
+
+
+def _seeded(params: SamplingParams, j: int) -> SamplingParams:
+    """Choice j of a seeded request draws from seed + j: n choices differ, and each is reproducible."""
+    if params.seed is None or j == 0:
+        return params
+    return SamplingParams(**{**params.__dict__, "seed": params.seed + j})
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt: list[int], k: int) -> list[tuple[int, float | None, list]]:
+    """(token, its log-probability given the tokens before it, the k likeliest there) for every prompt token; the
+    first has none. logits (T, V): each position's next-token logits."""
+    logp = F.log_softmax(logits[:-1], dim=-1)  # (T - 1, V)
+    target = torch.tensor(prompt[1:], device=logits.device)
+    picked = logp.gather(1, target[:, None])[:, 0].tolist() if len(prompt) > 1 else []
+    out: list[tuple[int, float | None, list]] = [(prompt[0], None, [])]
+    for t, value in enumerate(picked):
+        out.append((prompt[t + 1], value, top_logprobs(logp[t], k)))
+    return out

@@ -1,0 +1,336 @@
+"""`gptforge serve`: a model behind OpenAI's HTTP API, with a chat page at `/`.
+
+FastAPI on uvicorn, the stack vLLM, SGLang and most OpenAI-compatible servers use: ASGI serves many slow streaming
+clients from one event loop, streams Server-Sent Events as OpenAI's clients read them, and tells a handler when its
+client went away. The model runs on the batcher's thread (infer/batcher.py), so every request in flight shares each
+model step; the event loop only parses, checks and forwards tokens.
+
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health; GET /tokenizer_info, POST
+/tokenize, POST /detokenize (vLLM's, which lm-eval's local-completions uses to tokenize); GET / and /static/* (the
+chat page). Bound to loopback by default (and then a Host header that is not loopback is refused: DNS
+rebinding); with --api_key every route but /health and the page needs `Authorization: Bearer KEY`."""
+
+import asyncio
+import contextlib
+import hmac
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from gptforge.chat.template import CHAT_TEMPLATE
+from gptforge.core.console import log
+from gptforge.core.errors import UserError
+from gptforge.infer.batcher import Batcher, Event, Request
+from gptforge.infer.chat_model import LoadedModel, decode_with_specials, encode_with_specials, load_for_inference
+from gptforge.infer.openai_api import ApiError, Collector, Limits, Parsed, parse_chat, parse_completion
+
+STATIC = Path(__file__).parent / "static"
+PAGES = {
+    "/": ("index.html", "text/html"),
+    "/static/chat.js": ("chat.js", "text/javascript"),
+    "/static/chat.css": ("chat.css", "text/css"),
+}
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+def _imports():
+    try:
+        import fastapi
+        import uvicorn
+    except ImportError as e:
+        raise UserError(
+            f"gptforge serve needs FastAPI and uvicorn ({e.name} is missing): pip install 'gptforge[serve]'"
+        ) from None
+    return fastapi, uvicorn
+
+
+def build_app(lm: LoadedModel, limits: Limits, api_key: str | None = None, max_batch: int = 16, loopback: bool = True):
+    """The ASGI app; its batcher thread starts now and stops when the app shuts down (uvicorn's lifespan)."""
+    fastapi, _ = _imports()
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    batcher = Batcher(lm, max_batch)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        batcher.close()
+
+    app = fastapi.FastAPI(title="gptforge", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.batcher, app.state.lm = batcher, lm
+
+    def guard(request, auth: bool = True) -> None:
+        host = (
+            (request.headers.get("host") or "").rsplit(":", 1)[0]
+            if "]" not in (request.headers.get("host") or "")
+            else "[::1]"
+        )
+        if loopback and host not in LOOPBACK_HOSTS:
+            raise ApiError(
+                403, "this server is bound to loopback and answers only loopback host names", None, "forbidden_host"
+            )
+        if auth and api_key:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                raise ApiError(
+                    401,
+                    "Incorrect API key provided: send the server's --api_key as 'Authorization: Bearer KEY'",
+                    None,
+                    "invalid_api_key",
+                )
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, e: ApiError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, e):
+        error = ApiError(
+            e.status_code, str(e.detail), None, {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        )
+        return JSONResponse(error.body(), status_code=e.status_code)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": lm.name, **batcher.snapshot()}
+
+    @app.get("/v1/models")
+    async def models(request: fastapi.Request):
+        guard(request)
+        card = {
+            "id": lm.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "gptforge",
+            "max_model_len": lm.block_size,
+            "chat": lm.chat,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: fastapi.Request):
+        guard(request)
+        return await generate(request, parse_chat(await read_json(request, limits.max_body), lm, limits))
+
+    @app.post("/v1/completions")
+    async def completions(request: fastapi.Request):
+        guard(request)
+        return await generate(request, parse_completion(await read_json(request, limits.max_body), lm, limits))
+
+    async def generate(request, parsed: Parsed):
+        if parsed.rows > max_batch:
+            raise ApiError(
+                400,
+                f"this request needs {parsed.rows} rows (n x prompts); the server batches at most {max_batch}",
+                "n",
+                "invalid_value",
+            )
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        job = Request(
+            parsed.prompts,
+            parsed.params,
+            parsed.max_tokens,
+            lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
+            parsed.n,
+            parsed.stop,
+            prompt_logprobs=parsed.echo and parsed.params.logprobs is not None,
+        )
+        try:
+            batcher.submit(job)
+        except RuntimeError:
+            raise ApiError(503, "the server is shutting down", None, "shutting_down", "server_error") from None
+        collector = Collector(parsed, lm)
+        if parsed.stream:
+            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            return StreamingResponse(sse(job, queue, collector), media_type="text/event-stream", headers=headers)
+        if not await collect(request, job, queue, collector):
+            return Response(status_code=499)  # the client is gone: nobody reads this
+        if collector.error:
+            raise ApiError(500, collector.error, None, "model_error", "server_error")
+        return collector.response()
+
+    async def collect(request, job: Request, queue: asyncio.Queue, collector: Collector) -> bool:
+        """Gather the events until the request is done; False (and the request cancelled) if the client left."""
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            while not collector.done:
+                get = asyncio.ensure_future(queue.get())
+                finished, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if get not in finished:
+                    get.cancel()
+                    batcher.cancel(job)
+                    return False
+                collector.add(get.result())
+            return True
+        finally:
+            gone.cancel()
+
+    async def sse(job: Request, queue: asyncio.Queue, collector: Collector) -> AsyncIterator[str]:
+        """The stream: OpenAI's chunks as Server-Sent Events, then [DONE]. A client that leaves cancels this
+        generator (Starlette does), which cancels the request: its rows are free at the next step."""
+        try:
+            for chunk in collector.first_chunks():
+                yield f"data: {json.dumps(chunk)}\n\n"
+            while not collector.done:
+                event: Event = await queue.get()
+                collector.add(event)
+                if event.kind == "error":
+                    error = ApiError(500, event.text, None, "model_error", "server_error")
+                    yield f"data: {json.dumps(error.body())}\n\n"
+                    break
+                for chunk in collector.chunks(event):
+                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+            if collector.parsed.include_usage and not collector.error:
+                yield f"data: {json.dumps(collector.usage_chunk())}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            if not collector.done:
+                batcher.cancel(job)
+
+    add_tokenizer_routes(fastapi, app, lm, guard, limits)
+    add_page_routes(fastapi, app, guard)
+    return app
+
+
+async def disconnected(request) -> None:
+    """Returns when the client has gone (its body is read already, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def read_json(request, limit: int) -> Any:
+    """The body as JSON, refused unread when it declares more than `limit` bytes, and cut off when it sends more."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise ApiError(
+            413, f"the request body is {declared} bytes; this server takes at most {limit}", None, "request_too_large"
+        )
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise ApiError(
+                413, f"the request body is over {limit} bytes, this server's limit", None, "request_too_large"
+            )
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})", None, "invalid_json") from None
+
+
+def add_tokenizer_routes(fastapi, app, lm: LoadedModel, guard, limits: Limits) -> None:
+    """vLLM's tokenizer routes: lm-eval's local-completions tokenizes through them (tokenizer_backend 'remote'),
+    so any gptforge tokenizer works without a Hugging Face copy."""
+    specials = lm.specials()
+    names = {i: name for name, i in specials.items()}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(request: fastapi.Request):
+        guard(request)
+        eot = names.get(lm.tokenizer.eot_token) if lm.tokenizer.eot_token is not None else None
+        return {
+            "tokenizer_class": lm.tokenizer.kind,
+            "eos_token": eot,
+            "bos_token": None,
+            "pad_token": None,
+            "model_max_length": lm.block_size,
+            "chat_template": CHAT_TEMPLATE if lm.chat else None,
+        }
+
+    @app.post("/tokenize")
+    async def tokenize(request: fastapi.Request):
+        guard(request)
+        body = await read_json(request, limits.max_body)
+        if isinstance(body, dict) and isinstance(body.get("messages"), list) and lm.chat:
+            from gptforge.infer.openai_api import _message
+
+            tokens = lm.chat_prompt([_message(m, i) for i, m in enumerate(body["messages"])])
+        elif isinstance(body, dict) and isinstance(body.get("prompt"), str):
+            tokens = encode_with_specials(lm.tokenizer, body["prompt"], specials)
+        else:
+            raise ApiError(400, "give 'prompt' (a string) or, for a chat model, 'messages'", "prompt", "invalid_value")
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": lm.block_size}
+
+    @app.post("/detokenize")
+    async def detokenize(request: fastapi.Request):
+        guard(request)
+        body = await read_json(request, limits.max_body)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ApiError(400, "'tokens' must be a list of token ids", "tokens", "invalid_value")
+        return {"prompt": decode_with_specials(lm.tokenizer, tokens, specials)}
+
+
+def add_page_routes(fastapi, app, guard) -> None:
+    async def page(request: fastapi.Request):
+        guard(request, auth=False)
+        name, kind = PAGES[request.url.path]
+        headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
+        return fastapi.Response((STATIC / name).read_bytes(), media_type=kind, headers=headers)
+
+    for path in PAGES:
+        app.add_api_route(path, page, methods=["GET"], include_in_schema=False)
+
+
+def serve(
+    out_dir: str = "out",
+    ckpt: str | None = None,
+    init_from: str = "resume",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    name: str | None = None,
+    max_batch: int = 16,
+    max_tokens: int = 0,
+    max_body_mb: float = 1.0,
+    max_messages: int = 256,
+) -> None:
+    """Load the model, bind, serve until Ctrl-C (which drains: requests in flight finish, new ones are refused)."""
+    _, uvicorn = _imports()
+    if max_batch < 1 or max_tokens < 0 or max_body_mb <= 0 or max_messages < 1:
+        raise UserError(
+            "--max_batch and --max_messages must be at least 1, --max_tokens not negative and --max_body_mb positive"
+        )
+    lm = load_for_inference(out_dir, ckpt, init_from, device, dtype, name)
+    loopback = host in LOOPBACK_HOSTS
+    if not loopback and not api_key:
+        log(f"warning: --host={host} lets other machines use this model, and no --api_key is set")
+    limits = Limits(max_body=int(max_body_mb * (1 << 20)), max_messages=max_messages, max_tokens=max_tokens)
+    app = build_app(lm, limits, api_key, max_batch, loopback)
+    sock = bind(host, port)
+    url_host = f"[{host}]" if ":" in host else host
+    log(f"{lm.describe()}")
+    log(f"serving on http://{url_host}:{sock.getsockname()[1]} (chat page at /, OpenAI API at /v1); Ctrl-C stops")
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=60, access_log=False)
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn raises the signal again once it has drained
+        pass
+    log(f"stopped after {app.state.batcher.stats['requests']} request(s)")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as e:
+        sock.close()
+        raise UserError(
+            f"--host={host} --port={port}: cannot listen there ({e.strerror or e}); pick another --port "
+            "(0 = any free one)"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
