@@ -122,3 +122,41 @@ def test_training_records_eval_loss_prints_and_bench_races_bits_per_byte(char_da
     ]:
         r = run_cli("bench", str(cfg), *args, cwd=tmp_path)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_gpt2_data_trains_without_tiktokens_files_and_says_bpb_is_left_out(bpe_data, tmp_path):
+    """Training on GPT-2 token ids never needed tiktoken's files; bits per byte does, so offline without them the
+    run goes on with the loss alone (said once), and only --target_bpb is refused."""
+    offline = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty-cache"), "HTTPS_PROXY": "http://127.0.0.1:9"}
+    run = dict(dataset="bpe", max_iters=4, lr_decay_iters=4, eval_interval=2, eval_iters=2)
+    r = run_cli("train", *tiny_train_args(bpe_data, tmp_path / "run", **run), cwd=tmp_path, env=offline)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("bits per byte left out: could not load GPT-2's BPE files") == 1
+    evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert len(evals) == 3 and all("val_loss" in e and "val_bpb" not in e for e in evals)
+    cfg = config_file(tmp_path / "g.py", bpe_data, **run)
+    r = run_cli("bench", str(cfg), "--target_bpb=3", cwd=tmp_path, env=offline)
+    assert r.returncode == 2 and "--target_bpb needs the bytes each token stands for" in r.stderr, r.stderr
+    r = run_cli("bench", str(cfg), "--target_loss=1", cwd=tmp_path, env=offline)
+    assert r.returncode == 0 and r.stdout.startswith("g: NOT reached"), r.stderr
+
+
+def test_bench_compare_races_two_tokenizers_to_the_same_bits_per_byte(char_data, tmp_path):
+    """The same text char-level and as an own BPE: each config is measured on its own held-out windows, which hold
+    about the same bytes of text, and the result compares them in bits per byte."""
+    (tmp_path / "t.txt").write_text(SMALL_TEXT, encoding="utf-8")
+    tok = train_tokenizer([str(tmp_path / "t.txt")], 320, "small", out_root=str(tmp_path / "tokenizers"))
+    prepare("text", str(char_data), files=[str(tmp_path / "t.txt")], name="tinybpe", tokenizer=tok)
+    run = dict(max_iters=10, lr_decay_iters=10, learning_rate=1e-2)
+    char_cfg = config_file(tmp_path / "char.py", char_data, **run)
+    bpe_cfg = config_file(tmp_path / "bpe.py", char_data, dataset="tinybpe", **run)
+    r = run_cli("bench", str(char_cfg), "--target_bpb=0.5", f"--compare={bpe_cfg}", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    char, bpe = out["runs"]
+    assert (char["name"], bpe["name"], out["metric"]) == ("char", "bpe", "bpb") and "bpe" in out["ratios"]
+    assert char["eval_bytes"] == char["eval_tokens"] and bpe["eval_bytes"] > 1.5 * bpe["eval_tokens"]
+    assert abs(bpe["eval_bytes"] - char["eval_bytes"]) < 0.15 * char["eval_bytes"]  # about the same text
+    for result in (char, bpe):
+        assert not result["reached"] and math.isfinite(result["val_bpb"]) and result["steps"] == 10
+        assert result["best_val_bpb"] == min(c["val_bpb"] for c in result["curve"] if c["se"] is not None)

@@ -30,12 +30,12 @@ GROUPS = [
     ),
     ("chat.conversations", "chat.render", "chat.synthetic", "chat.template", "chat.pack", "chat.prepare"),  # chat data
     ("data", "data.sources", "tokenizer.train", "tokenizer.command"),  # documents in (and tokenizers trained on them)
-    ("data.loader", "data.prepare", "data.shards", "data.command"),  # datasets in, batches out
+    ("data.chat_batches", "data.loader", "data.prepare", "data.shards", "data.command"),  # datasets in, batches out
     ("weights.checkpoint", "weights.pretrained", "weights.load", "weights.export"),  # weights in and out of files
     ("infer.options", "infer.engine", "infer.sample"),  # using a model
     ("infer.textstream", "infer.sampling", "infer.chat_model", "infer.session", "infer.chat_cli"),  # talking to it
     ("infer.batcher", "infer.openai_api", "infer.serve"),  # serving it
-    ("evaluate.loss", "evaluate.hellaswag", "evaluate.harness_model", "evaluate.harness"),  # measuring a model
+    ("evaluate.loss", "evaluate.chat", "evaluate.hellaswag", "evaluate.harness_model", "evaluate.harness"),
     ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),
     ("train.start", "train.setup", "train.loop"),
     ("bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs

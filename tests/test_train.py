@@ -127,11 +127,11 @@ def test_gradient_accumulation_equals_one_big_batch():
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     nullctx = autocast_context("cpu", "float32")
 
-    loss, nx, ny, state = accumulate_gradients(model, *micro[0], ListBatches(micro[1:] + [(x, y)]), 4, nullctx, scaler)
+    loss, (nx, _), state = accumulate_gradients(model, micro[0], ListBatches(micro[1:] + [(x, y)]), 4, nullctx, scaler)
     accumulated = {n: p.grad.clone() for n, p in model.named_parameters()}
     assert torch.equal(nx, x) and state == {"left": 1}  # the batch after the last micro-batch is prefetched
     model.zero_grad(set_to_none=True)
-    big_loss, *_ = accumulate_gradients(model, x, y, ListBatches([(x, y)]), 1, nullctx, scaler)
+    big_loss, *_ = accumulate_gradients(model, (x, y), ListBatches([(x, y)]), 1, nullctx, scaler)
     assert loss.item() == pytest.approx(big_loss.item(), rel=1e-12)
     for name, p in model.named_parameters():
         torch.testing.assert_close(accumulated[name], p.grad, rtol=1e-10, atol=1e-12, msg=name)

@@ -105,15 +105,15 @@ class Mode:
         self.scaler = torch.amp.GradScaler(dev, enabled=self.dtype == "float16")
         self.batches = RandomTokens(cfg.batch_size, cfg.block_size, vocab_size, device)
         self.accum, self.grad_clip = cfg.gradient_accumulation_steps, cfg.grad_clip
-        self.x, self.y = self.batches.next_batch()
+        self.batch = self.batches.next_batch()
         self.times: list[float] = []
         self.compile_s: float | None = None
         self.peak_mem = 0
 
     def step(self) -> float:
         t0 = time.perf_counter()
-        loss, self.x, self.y, _ = accumulate_gradients(
-            self.model, self.x, self.y, self.batches, self.accum, self.ctx, self.scaler
+        loss, self.batch, _ = accumulate_gradients(
+            self.model, self.batch, self.batches, self.accum, self.ctx, self.scaler
         )
         if self.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)

@@ -57,8 +57,12 @@ class HeldOut:
         data = torch.from_numpy(tokens[: n * block_size + 1].astype(np.int64))
         self.x = data[:-1].view(n, block_size).to(device)
         self.y = data[1:].view(n, block_size).to(device)
-        lengths = torch.tensor(token_byte_table(from_spec(tokenizer_spec(meta))), dtype=torch.float64)
-        self.window_bytes = lengths[self.y.cpu()].sum(1)  # (n,) the bytes of text each window's targets stand for
+        self.window_bytes, self.no_bytes = None, ""  # (n,) the bytes of text each window's targets stand for
+        try:
+            lengths = torch.tensor(token_byte_table(from_spec(tokenizer_spec(meta))), dtype=torch.float64)
+            self.window_bytes = lengths[self.y.cpu()].sum(1)
+        except UserError as e:  # GPT-2's BPE offline without tiktoken's files: the loss alone
+            self.no_bytes = str(e)
 
     @property
     def tokens(self) -> int:
@@ -66,7 +70,7 @@ class HeldOut:
 
     @property
     def bytes(self) -> int:
-        return int(self.window_bytes.sum())
+        return int(self.window_bytes.sum()) if self.window_bytes is not None else 0
 
     def loss(self, model: GPT, ctx: contextlib.AbstractContextManager, batch_size: int, screen: bool = False):
         """(mean loss per token, its standard error from the per-window means) in eval mode; `screen`: every
@@ -81,6 +85,8 @@ class HeldOut:
         losses = self._window_losses(model, ctx, batch_size, rows)
         k = len(losses)
         se = losses.std().item() / math.sqrt(k) if k > 1 else math.inf
+        if self.window_bytes is None:
+            return {"loss": (losses.mean().item(), se), "bpb": (math.nan, math.inf)}
         nats, n_bytes = losses * self.x.shape[1], self.window_bytes[rows]
         ratio = nats.sum().item() / n_bytes.sum().item() if n_bytes.sum() > 0 else math.nan
         spread = (nats - ratio * n_bytes).std().item() / math.sqrt(k) if k > 1 else math.inf
@@ -165,6 +171,8 @@ def _train_to_target(run, name: str, goal: tuple[str, float], every: int, eval_t
     (metric, target), cfg = goal, run.cfg
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
     held_out = HeldOut(folder, read_meta(folder), cfg.block_size, eval_tokens, cfg.device)
+    if metric == "bpb" and held_out.window_bytes is None:
+        raise UserError(f"--target_bpb needs the bytes each token stands for: {held_out.no_bytes}")
     train_s, curve, best, result = 0.0, [], (math.inf, 0), None
     last_line = time.perf_counter()
     step = 0

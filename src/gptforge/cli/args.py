@@ -13,7 +13,7 @@ from gptforge import __version__
 from gptforge.cli.chat_args import add_chat, add_serve
 from gptforge.cli.tokenizer_args import add_tokenizer
 from gptforge.core.config import CHOICES, FIELDS
-from gptforge.data import RECIPES, SHARD_RECIPES
+from gptforge.data import CHAT_RECIPE, RECIPES, SHARD_RECIPES
 from gptforge.infer.options import SOURCE_HELP, WINDOWS, SampleArgs
 
 TRAIN_USAGE = """usage: gptforge train [CONFIG_FILE ...] [--key=value | --key value ...]
@@ -83,7 +83,7 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
         "(shakespeare_char, shakespeare, text), or GPT-2 token shards <name>_<split>_NNNNNN.bin and "
         "meta.json (files, openwebtext, fineweb_edu; resumable: run the same command again).",
     )
-    p.add_argument("recipe", choices=[*RECIPES, *SHARD_RECIPES], help="what to prepare")
+    p.add_argument("recipe", choices=[*RECIPES, *SHARD_RECIPES, CHAT_RECIPE], help="what to prepare")
     p.add_argument(
         "files",
         nargs="*",
@@ -130,6 +130,7 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="tokenizer worker processes (sharded recipes; default: the CPU count, at most 8)",
     )
+    add_chat_prepare(p)
     p.set_defaults(handler="gptforge.data.command:prepare_command")
 
 
@@ -390,4 +391,33 @@ def add_time_to_loss(p: argparse.ArgumentParser) -> None:
         default=math.inf,
         metavar="S",
         help="with --target_loss: give up after S seconds of training",
+    )
+
+
+def add_chat_prepare(p: argparse.ArgumentParser) -> None:
+    """`gptforge prepare chat`'s own options (issue: conversations packed for SFT)."""
+    p.add_argument("--block_size", type=int, default=None, help="chat: tokens per training row (default: 256)")
+    p.add_argument(
+        "--include",
+        default=None,
+        metavar="RECIPES",
+        help="chat: comma-separated built-in conversations to add: chitchat (the chitchat-dataset package, 4,017 "
+        "human conversations), synthetic (offline tasks scored exactly: arithmetic, spelling, counting, recall, "
+        "system instructions)",
+    )
+    p.add_argument(
+        "--synthetic_examples", type=int, default=None, help="chat: synthetic conversations (default: 20,000)"
+    )
+    p.add_argument(
+        "--last_turn_only",
+        action="store_const",
+        const=True,
+        default=None,
+        help="chat: train on each conversation's last assistant turn only",
+    )
+    p.add_argument(
+        "--chat_format",
+        default=None,
+        choices=["openai", "sharegpt", "alpaca"],
+        help="chat: the files' format (default: detected per line)",
     )

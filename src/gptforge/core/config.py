@@ -67,7 +67,8 @@ class TrainConfig(ModelShape):
     init_from: str = setting(
         "scratch",
         "'scratch' (new model), 'resume' (out_dir/ckpt.pt), a GPT-2 name ('gpt2', "
-        "'gpt2-medium', 'gpt2-large', 'gpt2-xl') or a Hugging Face GPT-2 or NanoChat folder",
+        "'gpt2-medium', 'gpt2-large', 'gpt2-xl'), a Hugging Face GPT-2 or NanoChat folder, or another run's folder "
+        "(its ckpt.pt's weights: e.g. SFT from a pretraining run; a fresh optimizer)",
         _model_source,
     )
     resume: str = setting(
@@ -88,8 +89,13 @@ class TrainConfig(ModelShape):
     batch_size: int = setting(12, "sequences per micro-batch per process", positive)
     data_loader: str = setting(
         "auto",
-        "'random' (nanoGPT: random windows), 'sharded' (build-nanogpt: sequential over "
-        "shards, rank-aware) or 'auto' (sharded for shard datasets, else random)",
+        "'random' (nanoGPT: random windows), 'sharded' (build-nanogpt: sequential over shards, rank-aware), "
+        "'chat' (the packed rows of a chat dataset) or 'auto' (the one the dataset is made for)",
+    )
+    task: str = setting(
+        "pretrain",
+        "'pretrain' (every next token is a target) or 'sft' (supervised fine-tuning on a chat dataset from "
+        "`gptforge prepare chat`: the loss on the assistant's tokens only, packed conversations kept apart)",
     )
     total_batch_size: int = setting(
         0,
@@ -178,6 +184,12 @@ class TrainConfig(ModelShape):
     )
     hellaswag_limit: int = setting(0, "examples per HellaSwag evaluation during training; 0 = all 10,042", not_negative)
     hellaswag_path: str = setting("", "local hellaswag_val.jsonl; '' = download it once into ~/.cache/gptforge")
+    chat_eval_examples: int = setting(
+        200,
+        "task=sft on a chat dataset holding the synthetic tasks: held-out problems answered greedily at each "
+        "evaluation (exact-match accuracy per task, and how many answers end with the end token); 0 = off",
+        not_negative,
+    )
     tensorboard_log: bool = setting(False, "also write TensorBoard event files to out_dir/tensorboard")
     dashboard: bool = setting(False, "serve this run's live web dashboard on 127.0.0.1 (needs gptforge[dashboard])")
     dashboard_port: int = setting(8765, "port of the dashboard started by dashboard=True; 0 = any free port", _port)
@@ -192,7 +204,8 @@ _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 CHOICES = {  # the one list of each key's accepted values (device, optim and the CLI read them here)
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "backend": ("auto", "nccl", "gloo", "mpi", "ucc"),
-    "data_loader": ("auto", "random", "sharded"),
+    "data_loader": ("auto", "random", "sharded", "chat"),
+    "task": ("pretrain", "sft"),
     "parallel": ("ddp", "fsdp"),
     "lr_schedule": ("cosine", "linear", "constant", "wsd"),
     "optimizer": ("adamw", "muon"),
@@ -330,9 +343,10 @@ def help_text() -> str:
 
 
 def loader_kind(meta: dict[str, Any], choice: str = "auto") -> str:
-    """'sharded' or 'random': the data_loader setting, where 'auto' means sharded for a shard dataset."""
+    """'sharded', 'random' or 'chat': the data_loader setting, where 'auto' means the dataset's own (sharded for a
+    shard dataset, chat for a chat dataset, else random)."""
     if choice == "auto":
-        return "sharded" if meta.get("format") == "shards" else "random"
+        return {"shards": "sharded", "chat": "chat"}.get(meta.get("format"), "random")
     return choice
 
 

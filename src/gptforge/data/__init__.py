@@ -3,3 +3,4 @@ This module stays free of numpy and torch: the CLI reads the recipe names below 
 
 RECIPES = ("shakespeare_char", "shakespeare", "text")  # held in memory: data/prepare.py
 SHARD_RECIPES = ("files", "openwebtext", "fineweb_edu")  # streamed into token shards: data/shards.py
+CHAT_RECIPE = "chat"  # conversations rendered with their loss mask and packed for SFT: chat/prepare.py

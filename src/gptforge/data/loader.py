@@ -43,6 +43,8 @@ def read_meta(folder: str) -> dict[str, Any]:
                 meta = json.load(fh)
         except (OSError, ValueError) as e:
             raise UserError(f"{path}: not readable JSON ({e}); re-run `gptforge prepare`") from None
+        if isinstance(meta, dict) and meta.get("format") == "chat":
+            return meta  # packed conversations: their arrays are checked when a loader opens them (chat.pack)
         _check_meta(meta, path)
     elif os.path.isfile(pkl):
         meta, path = _read_meta_pkl(pkl), pkl
@@ -361,6 +363,10 @@ def make_batches(
     """The loader of one split. Random: offsets from a private generator seeded with `seed`, or with `global_rng`
     from torch's global generator (training: nanoGPT's stream). Sharded: `seed` shuffles the shards per epoch,
     and the ranks read disjoint parts of one global order."""
+    if kind == "chat":
+        from gptforge.data.chat_batches import ChatBatches
+
+        return ChatBatches(folder, meta, split, batch_size, vocab_size, device, seed, micro_per_rank, rank, world_size)
     if kind == "sharded":
         return ShardedBatches(
             split_files(folder, split, meta),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -14,7 +15,7 @@ from gptforge.core.console import log
 from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
 from gptforge.core.errors import UserError
 from gptforge.data.loader import Batches, dataset_dir, make_batches, read_meta
-from gptforge.tokenizer.spec import Tokenizer, token_byte_table, tokenizer_spec
+from gptforge.tokenizer.spec import Tokenizer, from_spec, token_byte_table, tokenizer_spec
 from gptforge.weights.load import load_model
 
 
@@ -63,6 +64,20 @@ def byte_table(tok: Tokenizer, rows: int, device: str | torch.device) -> torch.T
     """The bytes of text each of a model's `rows` ids stands for (specials and padding rows: 0), on `device`:
     estimate_loss's denominator of bits per byte."""
     return torch.tensor(token_byte_table(tok, rows), dtype=torch.long, device=device)
+
+
+def dataset_byte_table(
+    meta: dict[str, Any], rows: int, device: str | torch.device, say: Callable[[str], None] = log
+) -> torch.Tensor | None:
+    """byte_table for a dataset's tokenizer, or None when that cannot be built here (GPT-2's BPE offline without
+    tiktoken's files, which training on GPT-2 token ids does not otherwise need): the run then goes on without
+    bits per byte, and `say` tells why."""
+    try:
+        tok = from_spec(tokenizer_spec(meta))
+    except UserError as e:
+        say(f"bits per byte left out: {e}")
+        return None
+    return byte_table(tok, rows, device)
 
 
 def eval_loss(

@@ -190,11 +190,13 @@ class GPT(nn.Module):
         cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        reduction: str = "mean",
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits, loss). Without targets only the last position's logits (B, 1, V).
 
         With a KVCache, idx continues the cached tokens (positions start at cache.position) and the cache grows.
-        positions and mask: see hidden_states. Targets of -1 are not scored.
+        positions and mask: see hidden_states. Targets of -1 are not scored; reduction 'sum' adds the scored
+        targets' losses (0 when there are none), 'mean' averages them (nanoGPT's).
         """
         x = self.hidden_states(idx, cache, positions, mask)  # (B, T, C)
         if targets is None:
@@ -202,7 +204,8 @@ class GPT(nn.Module):
             return self.logits(x[:, [-1], :]), None  # (B, 1, V)
         logits = self.logits(x)  # (B, T, V)
         # Cross-entropy in float32 even under autocast: the softmax over 50k entries needs the range.
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        flat = logits.float().view(-1, logits.size(-1))
+        loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1, reduction=reduction)
         return logits, loss
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,8 +234,11 @@ class GPT(nn.Module):
             if start + T > self.config.block_size and not (cache is not None and cache.ring and T <= cache.max_len):
                 raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
             positions = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # after the cached ones
-        elif int(positions.max()) >= self.config.block_size and not self.config.rotary:
-            raise ValueError(f"position {int(positions.max())} is past block_size {self.config.block_size}")
+        else:
+            if int(positions.max()) >= self.config.block_size and not self.config.rotary:
+                raise ValueError(f"position {int(positions.max())} is past block_size {self.config.block_size}")
+            if mask is None and cache is None and positions.dim() == 2:
+                mask = document_mask(positions)  # packed documents: each token sees its own document only
         x = self.transformer.wte(idx)  # (B, T, C)
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(positions)
@@ -246,6 +252,29 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)  # (B, T, C)
+
+    def resize_vocab(self, rows: int) -> None:
+        """Grow the embedding (and an untied head) to `rows` rows: the existing rows kept, the new ones drawn as a
+        new model's are (normal, std 0.02). For tokens the weights never had, e.g. chat tokens on GPT-2's."""
+        old = self.config.vocab_size
+        assert rows >= old, "resize_vocab only grows the vocabulary"
+        weight = self.transformer.wte.weight
+        grown = torch.empty(rows, weight.size(1), dtype=weight.dtype, device=weight.device)
+        nn.init.normal_(grown, mean=0.0, std=0.02)
+        with torch.no_grad():
+            grown[:old] = weight
+        self.transformer.wte = nn.Embedding.from_pretrained(grown, freeze=False)
+        if self.config.untie_head:
+            head = torch.empty_like(grown)
+            nn.init.normal_(head, mean=0.0, std=0.02)
+            with torch.no_grad():
+                head[:old] = self.lm_head.weight
+            self.lm_head = nn.Linear(weight.size(1), rows, bias=False).to(weight.device, weight.dtype)
+            self.lm_head.weight = nn.Parameter(head)
+        else:
+            self.lm_head = nn.Linear(weight.size(1), rows, bias=False).to(weight.device, weight.dtype)
+            self.lm_head.weight = self.transformer.wte.weight  # tied again
+        self.config = dataclasses.replace(self.config, vocab_size=rows)
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context length (e.g. GPT-2's 1024 to a smaller block_size for fine-tuning)."""
@@ -267,6 +296,15 @@ class GPT(nn.Module):
         """Model FLOPs utilisation: achieved FLOP/s (fwdbwd_per_iter sequences in dt seconds) / peak_flops."""
         flops_per_iter = self.flops_per_token(seq_len) * (seq_len or self.config.block_size) * fwdbwd_per_iter
         return flops_per_iter / dt / peak_flops
+
+
+def document_mask(positions: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) attention mask of packed documents whose positions restart at each document start: token i
+    sees token j when j <= i and j is in i's document (j >= i - positions[i])."""
+    T = positions.size(1)
+    i = torch.arange(T, device=positions.device)
+    start = (i - positions).unsqueeze(-1)  # (B, T, 1): where each token's document starts
+    return ((i[None, :] <= i[:, None]) & (i[None, None, :] >= start)).unsqueeze(1)
 
 
 def model_vocab_size(meta: dict) -> int:

@@ -116,25 +116,37 @@ def get_lr(
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-def accumulate_gradients(model, X, Y, batches, accum: int, ctx, scaler, sync=None):
-    """Forward and backward over `accum` micro-batches, starting with (X, Y), summing gradients in .grad.
+def accumulate_gradients(model, batch, batches, accum: int, ctx, scaler, sync=None):
+    """Forward and backward over `accum` micro-batches, starting with `batch`, summing gradients in .grad.
 
-    Returns (mean loss as a tensor, the next step's X and Y, the loader's state before they were drawn).
-    Each micro-batch's loss is divided by accum, so the gradient is the mean over all of them, as one big
-    batch would give. The next batch is fetched before backward: on a GPU the copy overlaps the compute.
+    Returns (the step's loss as a tensor, the next step's first batch, the loader's state before it was drawn).
+    A batch (X, Y) (pretraining): each micro-batch's mean loss divided by accum, so the gradient is the mean over
+    all of them, as one big batch would give. A batch (X, Y, P, w) (a chat dataset): the micro-batch's trained
+    targets' losses summed and times w (the loader's: 1 / the trained targets of the whole step, times the
+    processes), so the step's loss is the mean over every trained target of the step, and a micro-batch without
+    one adds nothing. The next batch is fetched before backward: on a GPU the copy overlaps the compute.
     `sync(last)`, when given, turns the gradient all-reduce (DDP) / reduce-scatter (FSDP) on for the last
     micro-batch only.
     """
-    loss_sum = torch.zeros((), device=X.device)
+    loss_sum = torch.zeros((), device=batch[0].device)
     for micro_step in range(accum):
         if sync is not None:
             sync(micro_step == accum - 1)  # communicate once per step, not once per micro-batch
         with ctx:
-            _, loss = model(X, Y)
-            loss = loss / accum
+            loss = batch_loss(model, batch, accum)
         if micro_step == accum - 1:
             data_state = batches.state_dict()  # what a resume must restore to draw the same next batch
-        X, Y = batches.next_batch()
+        batch = batches.next_batch()
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
-    return loss_sum, X, Y, data_state
+    return loss_sum, batch, data_state
+
+
+def batch_loss(model, batch, accum: int) -> torch.Tensor:
+    """One micro-batch's share of the step's loss (see accumulate_gradients)."""
+    if len(batch) == 2:
+        _, loss = model(*batch)
+        return loss / accum
+    x, y, positions, weight = batch
+    _, loss = model(x, y, positions=positions, reduction="sum")
+    return loss * weight

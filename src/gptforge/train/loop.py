@@ -14,6 +14,7 @@ import torch
 from gptforge.core.config import TrainConfig
 from gptforge.core.distributed import StopFlag, all_reduce_mean, setup_distributed, step_is_finite, teardown
 from gptforge.core.errors import UserError
+from gptforge.evaluate.chat import estimate_chat_loss
 from gptforge.evaluate.loss import estimate_loss
 from gptforge.model.optim import accumulate_gradients, get_lr
 from gptforge.train.metrics import StepTimer
@@ -59,6 +60,8 @@ def train_loop(run: Run, stop: StopFlag) -> dict[str, Any]:
         if not stop.requested and run.hellaswag is not None and due(step, cfg.hellaswag_interval, last):
             hs = run.hellaswag(run.raw_model, ctx=run.ctx)  # uncompiled: every batch has another shape
             metrics.log(step, "hellaswag", acc=hs["acc"], acc_norm=hs["acc_norm"], n=hs["n"])
+        if evaluated and run.chat_tasks is not None:
+            metrics.log(step, "chat", **run.chat_tasks(run.raw_model, ctx=run.ctx))
         if not stop.requested and run.sampler and due(step, cfg.sample_interval, last) and (step > 0 or last):
             metrics.log_samples(step, run.sampler.text, run.sampler.sample(run.raw_model, run.ctx))
         if last or cfg.eval_only:
@@ -90,8 +93,8 @@ def train_step(run: Run) -> tuple[torch.Tensor, torch.Tensor, bool]:
     Host syncs: one every step (the finiteness check); a logged step reads the loss and norm in one more; under
     DDP the stop flag's all-reduce is another.
     """
-    loss, run.X, run.Y, run.data_state = accumulate_gradients(
-        run.model, run.X, run.Y, run.batches, run.accum, run.ctx, run.scaler, run.sync
+    loss, run.batch, run.data_state = accumulate_gradients(
+        run.model, run.batch, run.batches, run.accum, run.ctx, run.scaler, run.sync
     )
     run.scaler.unscale_(run.optimizer)  # clip and check the true gradients, not the loss-scaled ones
     # measured even without clipping (an infinite max_norm scales by exactly 1): the NaN guard reads it
@@ -153,9 +156,12 @@ def due(step: int, interval: int, last: bool) -> bool:
 
 
 def evaluate(run: Run) -> dict[str, float]:
-    """Mean loss per split over eval_iters batches, averaged over the ranks, and each split's bits per byte
-    (`train_bpb`, `val_bpb`)."""
-    reduce = functools.partial(all_reduce_mean, env=run.env) if run.env.ddp else None
+    """Mean loss per split over eval_iters batches, over the ranks (a chat dataset: over its trained targets), and
+    each split's bits per byte (`train_bpb`, `val_bpb`)."""
+    mean = functools.partial(all_reduce_mean, env=run.env) if run.env.ddp else None
+    if run.cfg.data_loader == "chat":
+        summed = (lambda t: mean(t) * run.env.world_size) if mean else None  # the ranks' sums
+        return estimate_chat_loss(run.model, run.eval_batches(), run.eval_iters, run.ctx, reduce=summed)
     return estimate_loss(
-        run.model, run.eval_batches(), run.eval_iters, run.ctx, reduce=reduce, token_bytes=run.token_bytes
+        run.model, run.eval_batches(), run.eval_iters, run.ctx, reduce=mean, token_bytes=run.token_bytes
     )

@@ -12,7 +12,6 @@ import torch
 
 from gptforge.core.distributed import DistEnv, gather
 from gptforge.core.errors import UserError
-from gptforge.data.loader import ShardedBatches
 
 
 def capture_rng() -> dict[str, Any]:
@@ -114,8 +113,8 @@ def restore_run_state(ckpt: dict[str, Any], env: DistEnv, batches, seed: int) ->
     data = ckpt.get("data_state") or {}
     per_rank = data.get("train_per_rank") or []
     state = per_rank[env.rank] if same_world and env.rank < len(per_rank) else data.get("train")
-    if state and state.get("kind") == ("sharded" if isinstance(batches, ShardedBatches) else "random"):
-        if same_world or state["kind"] == "sharded":
+    if state and state.get("kind") == batches.state_dict()["kind"]:
+        if same_world or state["kind"] in ("sharded", "chat"):  # a global position: any number of processes
             batches.load_state_dict(state)  # after the RNGs: the random loader's state is torch's generator
     return told
 

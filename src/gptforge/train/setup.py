@@ -20,12 +20,13 @@ from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
 from gptforge.data.loader import Batches, dataset_dir, make_batches, read_meta
+from gptforge.evaluate.chat import chat_task
 from gptforge.evaluate.hellaswag import hellaswag_task
-from gptforge.evaluate.loss import byte_table
+from gptforge.evaluate.loss import dataset_byte_table
 from gptforge.infer.sample import Sampler
 from gptforge.model.gpt import GPT
 from gptforge.model.optim import configure_optimizer, muon_settings
-from gptforge.tokenizer.spec import from_spec, tokenizer_spec
+from gptforge.tokenizer.spec import tokenizer_spec
 from gptforge.train.checkpointer import Checkpointer
 from gptforge.train.metrics import Metrics, open_outputs
 from gptforge.train.parallel import compile_and_wrap, gradient_sync, place_model
@@ -47,13 +48,13 @@ class Run:
     eval_batches: Callable[[], dict[str, Batches]]  # the loaders of one evaluation, by split
     eval_iters: int  # batches per split and rank of one evaluation
     hellaswag: Callable[..., dict[str, Any]] | None  # scores a model on the loaded examples
+    chat_tasks: Callable[..., dict[str, Any]] | None  # SFT: held-out synthetic tasks answered greedily
     sampler: Sampler | None
     metrics: Metrics
     checkpointer: Checkpointer
     cleanup: contextlib.ExitStack  # closes the metrics sinks, stops the dashboard
-    X: torch.Tensor  # the next step's first micro-batch
-    Y: torch.Tensor
-    data_state: dict[str, Any]  # the loader state that yields X, Y: what a resume restores
+    batch: tuple  # the next step's first micro-batch: (X, Y), or (X, Y, positions, weight) for a chat dataset
+    data_state: dict[str, Any]  # the loader state that yields `batch`: what a resume restores
     iter_num: int = 0
     best_val_loss: float = math.inf
     bad_steps: int = 0  # steps skipped in a row (loss or gradient not finite)
@@ -103,9 +104,10 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
             start.ckpt, start.source, model, optimizer, scaler, batches, env, fsdp, cfg.seed
         )
         env.say(told)
-    data_state = batches.state_dict()  # the state that yields X, Y below: what a resume must restore
-    X, Y = batches.next_batch()  # (its token ids are checked against the vocabulary here, before any write)
+    data_state = batches.state_dict()  # the state that yields the batch below: what a resume must restore
+    batch = batches.next_batch()  # (its token ids are checked against the vocabulary here, before any write)
     hellaswag = hellaswag_task(cfg, env, meta)
+    chat_tasks = chat_task(cfg, env, meta) if env.is_main and not env.fsdp(cfg.parallel) else None
     # a sharded model needs every rank in each forward pass, so under FSDP all ranks sample (rank 0 logs)
     sampling = cfg.sample_interval > 0 and (env.is_main or env.fsdp(cfg.parallel))
     sampler = Sampler(cfg, meta, env) if sampling else None
@@ -123,16 +125,16 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
         eval_batches,
         eval_iters,
         hellaswag,
+        chat_tasks,
         sampler,
         metrics,
         checkpointer,
         cleanup,
-        X,
-        Y,
+        batch,
         data_state,
         iter_num,
         best_val_loss,
-        token_bytes=byte_table(from_spec(tokenizer_spec(meta)), start.args["vocab_size"], env.device),
+        token_bytes=dataset_byte_table(meta, start.args["vocab_size"], env.device, env.say),
     )
     metrics.info(describe(run, start, malloc))
     return run

@@ -15,12 +15,13 @@ from gptforge.core.config import FIELDS, TrainConfig, loader_kind
 from gptforge.core.device import available_memory, resolve_compile, resolve_dtype, resolve_fast_dropout
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
+from gptforge.core.files import CKPT
 from gptforge.core.memory import MemoryEstimate, check_fits, estimate_training_memory
 from gptforge.core.shape import SHAPE_KEYS, model_args, saved_model_args
 from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
 from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 from gptforge.tokenizer.spec import folder_tokenizer, tokenizer_spec
-from gptforge.weights.checkpoint import load_model_state, load_resumable
+from gptforge.weights.checkpoint import load_checkpoint, load_model_state, load_resumable
 
 
 @dataclass
@@ -49,6 +50,7 @@ def begin(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> tuple[TrainCo
 def find_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start | None:
     """What the run starts from, or None when it resumes a finished run (said once; nothing is opened for writing,
     so the folder stays byte for byte as it was)."""
+    check_task(cfg, meta)
     if env.restart:
         env.say(
             f"torchrun restart {env.restart} (of --max-restarts={os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')})"
@@ -60,18 +62,69 @@ def find_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start | 
         if ckpt is None:
             return None
         start = Start(saved_model_args(ckpt["model_args"]), ckpt=ckpt, source=source)
+    elif os.path.isfile(os.path.join(cfg.init_from, CKPT)):
+        start = run_weights(cfg, env, meta)
     elif cfg.init_from != "scratch":
         model, args = pretrained_model(cfg, meta)
         fixed_by_weights(cfg, args, env)
         start = Start(args, model=model, source=cfg.init_from)
     else:
         start = Start(model_args(cfg, model_vocab_size(meta)))
+    if meta["vocab_size"] > start.args["vocab_size"] and meta.get("format") == "chat" and start.model is not None:
+        rows = model_vocab_size(meta)  # GPT-2's 50,257 rows lack the chat tokens: the padded vocabulary has them
+        env.say(
+            f"vocabulary padded from {start.args['vocab_size']} to {rows} rows for the chat tokens (new rows random)"
+        )
+        start.model.resize_vocab(rows)
+        start.args = {**start.args, "vocab_size": rows}
     if meta["vocab_size"] > start.args["vocab_size"]:
         raise UserError(
             f"dataset {cfg.dataset!r} has vocab_size {meta['vocab_size']} but the model only "
             f"{start.args['vocab_size']}; resume on the dataset the model was trained on"
         )
     return start
+
+
+def check_task(cfg: TrainConfig, meta: dict[str, Any]) -> None:
+    """A chat dataset is for --task=sft and only it, at the block_size its rows were packed for."""
+    chat = meta.get("format") == "chat"
+    if chat and cfg.task != "sft":
+        raise UserError(
+            f"dataset {cfg.dataset!r} is a chat dataset (`gptforge prepare chat`): fine-tune on it with --task=sft"
+        )
+    if cfg.task == "sft" and not chat:
+        raise UserError(
+            f"--task=sft trains on a chat dataset (`gptforge prepare chat FILE... --name NAME`), but dataset "
+            f"{cfg.dataset!r} is plain text: prepare one, or train on this one with --task=pretrain"
+        )
+    if chat and cfg.block_size != meta["block_size"]:
+        raise UserError(
+            f"--block_size={cfg.block_size}: dataset {cfg.dataset!r} holds rows of {meta['block_size']} tokens; train "
+            f"with --block_size={meta['block_size']}, or prepare the chat data again with --block_size {cfg.block_size}"
+        )
+    if (loader_kind(meta, cfg.data_loader) == "chat") != chat:
+        raise UserError(f"--data_loader={cfg.data_loader} does not read dataset {cfg.dataset!r}; leave it at auto")
+
+
+def run_weights(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start:
+    """Another run's weights (its folder's ckpt.pt) as a new run's start, e.g. SFT on a pretraining run: its shape
+    and tokenizer hold; the optimizer starts fresh, and the iteration count at 0."""
+    path = os.path.join(cfg.init_from, CKPT)
+    ckpt = load_checkpoint(path, map_location="cpu")
+    args = saved_model_args(ckpt["model_args"])
+    fixed_by_weights(cfg, args, env)
+    if ckpt.get("tokenizer") not in (None, tokenizer_spec(meta)):
+        raise UserError(
+            f"--init_from={cfg.init_from}: its model reads another vocabulary than dataset {cfg.dataset!r}; prepare "
+            "the data with the run's tokenizer"
+        )
+    model = GPT(GPTConfig(**args, dropout=cfg.dropout))
+    load_model_state(model, ckpt["model"], path)
+    if cfg.block_size < args["block_size"]:
+        model.crop_block_size(cfg.block_size)
+        args = {**args, "block_size": cfg.block_size}
+    env.say(f"weights from {path} (iter {ckpt.get('iter_num', '?')} of that run); the optimizer starts fresh")
+    return Start(args, model=model, source=path)
 
 
 def resume_checkpoint(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from gptforge.chat.render import chat_special_ids
+from gptforge.chat.template import CHAT_TEMPLATE, add_chat_tokens_to_hf_folder, chat_generation_config
 from gptforge.core.console import log
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
@@ -47,7 +49,8 @@ def export_run(out_dir: str, ckpt: str | None, to: str, force: bool) -> str:
     summary line to stdout (what the folder is, and how its tokens are encoded). Returns the checkpoint path."""
     path = checkpoint_path(out_dir, ckpt)
     model, tok, checkpoint = load_checkpoint_model(path, "cpu")
-    for note in export_hf(model, to, tok.spec(), force=force):
+    chat = (checkpoint.get("config") or {}).get("task") == "sft"
+    for note in export_hf(model, to, tok.spec(), force=force, chat=chat):
         log(f"note: {note}")
     step = checkpoint.get("iter_num", "?")
     kind = (
@@ -55,7 +58,8 @@ def export_run(out_dir: str, ckpt: str | None, to: str, force: bool) -> str:
         if export_format(model.config) == "nanochat"
         else "GPT-2 folder (GPT2LMHeadModel)"
     )
-    print(f"wrote {to}: a Hugging Face {kind} of {path}, step {step}; tokens: {describe_tokens(tok)}")
+    chat_note = "; a chat model: its chat_template and end token are in the folder" if chat else ""
+    print(f"wrote {to}: a Hugging Face {kind} of {path}, step {step}; tokens: {describe_tokens(tok)}{chat_note}")
     return path
 
 
@@ -68,7 +72,9 @@ def describe_tokens(tok: Tokenizer) -> str:
     return f"own byte-level BPE {tok.name!r} ({tok.vocab_size} tokens; tokenizer.json, AutoTokenizer loads it)"
 
 
-def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, force: bool = False) -> list[str]:
+def export_hf(
+    model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, force: bool = False, chat: bool = False
+) -> list[str]:
     """Write `model` as a Hugging Face folder that GPT2LMHeadModel (or NanoChatForCausalLM) .from_pretrained loads,
     with its tokenizer's files, so that AutoTokenizer loads them and transformers.pipeline("text-generation") works.
 
@@ -77,14 +83,17 @@ def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, fo
     gptforge_tokenizer.json, which gptforge reads the folder back with). A vocabulary padded past the tokenizer's
     is cut back; a model without biases gets zero biases (HF's GPT-2 always has them): the logits are the same.
     The folder is assembled under a temporary name and renamed into place; an existing non-empty folder is an
-    error unless force=True, which replaces it only when it holds nothing but Hugging Face model files. Returns
-    notes for the user."""
+    error unless force=True, which replaces it only when it holds nothing but Hugging Face model files. `chat` (a
+    model fine-tuned on chat data): the chat tokens and the Jinja chat_template go into the tokenizer files, the
+    vocabulary keeps the chat tokens' rows, and generation_config.json ends generation at the assistant's end
+    token. Returns notes for the user."""
     folder = os.path.abspath(folder)
     _check_target(folder, force)
     cfg = model.config
     nanochat = export_format(cfg) == "nanochat"
     tok = from_spec(tokenizer_spec) if tokenizer_spec else None  # None: the model alone (a Python caller's choice)
-    vocab_size = tok.vocab_size if tok else cfg.vocab_size
+    special_ids = chat_special_ids(tok) if chat and tok else {}
+    vocab_size = max([tok.vocab_size, *(i + 1 for i in special_ids.values())]) if tok else cfg.vocab_size
     if vocab_size > cfg.vocab_size:
         raise UserError(
             f"the model has {cfg.vocab_size} token rows, fewer than its tokenizer's {vocab_size}: the checkpoint's "
@@ -101,17 +110,32 @@ def export_hf(model: GPT, folder: str, tokenizer_spec: dict[str, Any] | None, fo
         os.makedirs(tmp)
         (_write_nanochat_model if nanochat else _write_model)(model, tmp, vocab_size)
         eot = tok.eot_token if tok else None
-        _write_json(os.path.join(tmp, "config.json"), _hf_config(model, vocab_size, eot, nanochat))
         gen = {"bos_token_id": eot, "eos_token_id": eot} if eot is not None else {}
+        gen = chat_generation_config(special_ids) if special_ids else gen
+        _write_json(os.path.join(tmp, "config.json"), _hf_config(model, vocab_size, gen, nanochat))
         _write_json(os.path.join(tmp, "generation_config.json"), gen)
         if tok:
             tok.save(tmp, model_max_length=cfg.block_size)
+        if special_ids:
+            make_chat_ready(tmp, tok, special_ids)
         _swap_into_place(tmp, folder)
     except OSError as e:
         raise UserError(f"cannot write {folder}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return notes
+
+
+def make_chat_ready(folder: str, tok: Tokenizer, special_ids: dict[str, int]) -> None:
+    """A chat model's tokenizer files: GPT-2 BPE gets the chat tokens as added special tokens (and a fast
+    tokenizer.json) with the template; an own BPE tokenizer has its specials already and gets the template."""
+    if tok.kind == "gpt2":
+        add_chat_tokens_to_hf_folder(folder, special_ids)
+        return
+    path = os.path.join(folder, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as fh:
+        config = json.load(fh)
+    _write_json(path, {**config, "chat_template": CHAT_TEMPLATE})
 
 
 def export_format(cfg: Any) -> str:
@@ -207,10 +231,12 @@ def _write_model(model: GPT, folder: str, vocab_size: int) -> None:
     save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 
 
-def _hf_config(model: GPT, vocab_size: int, eot: int | None, nanochat: bool = False) -> dict[str, Any]:
-    """config.json: GPT2LMHeadModel's, or NanoChatForCausalLM's for a nanochat-shaped model."""
+def _hf_config(model: GPT, vocab_size: int, gen: dict[str, Any], nanochat: bool = False) -> dict[str, Any]:
+    """config.json: GPT2LMHeadModel's, or NanoChatForCausalLM's for a nanochat-shaped model; the special ids as
+    generation_config's `gen`."""
     cfg = model.config
-    common = {"vocab_size": vocab_size, "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": None}
+    bos, eos = gen.get("bos_token_id"), gen.get("eos_token_id")
+    common = {"vocab_size": vocab_size, "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": None}
     if nanochat:
         return {
             "architectures": ["NanoChatForCausalLM"],

@@ -1,0 +1,97 @@
+"""Measuring a chat model: the loss on the assistant's tokens of a chat dataset (a mean over trained targets, not
+over batches), and the synthetic tasks' exact-match accuracy on held-out problems, answered greedily through the
+generation engine until the assistant's end token."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gptforge.chat.render import chat_special_ids, render_prompt
+from gptforge.chat.synthetic import KINDS, generate, score
+from gptforge.core.config import TrainConfig
+from gptforge.core.distributed import DistEnv
+from gptforge.infer.engine import generate as generate_tokens
+from gptforge.tokenizer.spec import from_spec, tokenizer_spec
+from gptforge.tokenizer.specials import role_tokens
+
+
+@torch.no_grad()
+def estimate_chat_loss(
+    model: torch.nn.Module,
+    loaders: dict[str, Any],
+    eval_iters: int,
+    ctx: contextlib.AbstractContextManager | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """Per split, the mean loss over every trained target of eval_iters batches (X, Y, P, w): the summed loss over
+    the summed count, each summed over the ranks (`reduce`: a sum across them under DDP)."""
+    was_training = model.training
+    model.eval()
+    out = {}
+    try:
+        for split, loader in loaders.items():
+            total = torch.zeros(2, device=loader.device)  # loss sum, trained targets
+            for _ in range(eval_iters):
+                x, y, positions, _ = loader.next_batch()
+                with ctx or contextlib.nullcontext():
+                    _, loss = model(x, y, positions=positions, reduction="sum")
+                total += torch.stack([loss.float(), (y != -1).sum().float()])
+            total = reduce(total) if reduce else total
+            out[split] = (total[0] / total[1].clamp(min=1)).item()
+    finally:
+        model.train(was_training)
+    return out
+
+
+def chat_task(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Callable[..., dict[str, Any]] | None:
+    """The synthetic tasks' accuracy during SFT (rank 0), when the chat dataset holds them and chat_eval_examples
+    > 0: held-out problems (never trained on), the same ones at every evaluation."""
+    if cfg.task != "sft" or cfg.chat_eval_examples <= 0 or "synthetic" not in (meta.get("sources") or {}):
+        return None
+    tokenizer = from_spec(tokenizer_spec(meta))
+    examples = generate(cfg.chat_eval_examples, meta.get("seed", 0), "held_out")
+    return functools.partial(task_accuracy, tokenizer=tokenizer, examples=examples, device=env.device)
+
+
+@torch.no_grad()
+def task_accuracy(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    examples: list[Any],
+    device: str,
+    ctx: contextlib.AbstractContextManager | None = None,
+    max_new_tokens: int = 48,
+) -> dict[str, Any]:
+    """Exact match of greedy answers per task kind and overall, and the share of answers that ended with the
+    assistant's end token (rather than running to max_new_tokens or the context's end)."""
+    special_ids = chat_special_ids(tokenizer)
+    end = special_ids[role_tokens("assistant")[1]]
+    was_training = model.training
+    model.eval()
+    right: dict[str, list[bool]] = {}
+    ended = 0
+    try:
+        for example in examples:
+            prompt = render_prompt(example.prompt, tokenizer, special_ids)
+            room = model.config.block_size - len(prompt)
+            if room <= 0:
+                right.setdefault(example.kind, []).append(False)
+                continue
+            idx = torch.tensor([prompt], device=device)
+            with ctx or contextlib.nullcontext():
+                out = generate_tokens(model, idx, min(max_new_tokens, room), temperature=0, stop_token=end)
+            answer = out[0, len(prompt) :].tolist()
+            ended += end in answer
+            text = tokenizer.decode(answer[: answer.index(end)] if end in answer else answer)
+            right.setdefault(example.kind, []).append(score(example, text))
+    finally:
+        model.train(was_training)
+    result: dict[str, Any] = {"acc": sum(sum(v) for v in right.values()) / len(examples), "n": len(examples)}
+    result.update({f"acc_{k}": sum(v) / len(v) for k in KINDS if (v := right.get(k))})
+    result["ended"] = ended / len(examples)
+    return result

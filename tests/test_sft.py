@@ -1,0 +1,209 @@
+"""Supervised fine-tuning on a chat dataset (`gptforge prepare chat`, `gptforge train --task=sft`): the loss is the
+mean over the assistant's tokens of the whole step (a float64 reference), the loader really applies the mask (the
+gradient does not change when untrained tokens change), a micro-batch without a trained token adds nothing and
+no NaN, packed conversations never see each other, the export is a Hugging Face chat model (apply_chat_template ==
+our renderer; transformers' greedy generate == ours), SFT starts from a pretraining run's folder, and a chat
+dataset given to pretraining (and the reverse) is a clear exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli, tiny_train_args
+from gptforge.chat.conversations import Conversation, Message
+from gptforge.chat.pack import fill_rows, write_packed
+from gptforge.chat.render import chat_special_ids, render, render_prompt
+from gptforge.data.chat_batches import ChatBatches
+from gptforge.data.loader import read_meta
+from gptforge.infer.engine import generate
+from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.model.optim import accumulate_gradients
+from gptforge.tokenizer.gpt2 import GPT2Tokenizer
+from gptforge.tokenizer.specials import role_tokens
+
+ROW = 64
+
+
+def conversations(path: Path, n: int, seed: int, quiet_every: int = 3) -> None:
+    """n short conversations; every `quiet_every`-th has its assistant turn marked train: false."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(n):
+        a, b = (int(x) for x in rng.integers(10, 99, 2))
+        answer = {"role": "assistant", "content": f"{a + b}"}
+        if i % quiet_every == 0:
+            answer["train"] = False
+        lines.append({"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}, answer]})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+@pytest.fixture
+def chat_data(tmp_path, tiktoken_cache) -> Path:
+    conversations(tmp_path / "talk.jsonl", 300, 0)
+    r = run_cli("prepare", "chat", "talk.jsonl", "--name=talk", f"--block_size={ROW}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    return tmp_path / "data"
+
+
+def batches(folder: Path, accum: int = 2, batch: int = 4) -> ChatBatches:
+    return ChatBatches(str(folder), read_meta(str(folder)), "train", batch, 50304, "cpu", 1, micro_per_rank=accum)
+
+
+def model64() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=ROW, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)).double()
+
+
+def grads(model: GPT, loader: ChatBatches, accum: int = 2) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    loss, _, _ = accumulate_gradients(model, loader.next_batch(), loader, accum, torch.enable_grad(), scaler)
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_the_step_loss_is_the_mean_over_every_trained_token_of_the_step(chat_data):
+    """Against a float64 reference: all micro-batches' per-token losses, only the trained ones, one mean."""
+    folder = chat_data / "talk"
+    model = model64()
+    loss, got = grads(model, batches(folder))
+    reference = batches(folder)
+    x1, y1, p1, _ = reference.next_batch()
+    x2, y2, p2, _ = reference.next_batch()
+    model.zero_grad(set_to_none=True)
+    per_token = [model(x, y.clamp(min=0), positions=p, reduction="none")[1] for x, y, p in ((x1, y1, p1), (x2, y2, p2))]
+    trained = torch.cat([(y1 != -1).flatten(), (y2 != -1).flatten()])
+    mean = torch.cat(per_token)[trained].mean()
+    mean.backward()
+    assert loss == pytest.approx(mean.item(), rel=1e-6)  # the loss itself is taken in float32 (model.forward)
+    for name, g in got.items():
+        torch.testing.assert_close(g, model.get_parameter(name).grad, rtol=1e-5, atol=1e-9)
+
+
+def packed_folder(folder: Path, question: str) -> Path:
+    """A chat dataset of 8 rows, each a trained conversation, then one with nothing trained (its answer marked
+    train: false) whose user turn is `question`, then padding."""
+    gpt2 = GPT2Tokenizer()
+    special = chat_special_ids(gpt2)
+    meta = read_meta(str(folder))
+    rows = []
+    for i in range(8):
+        taught = [Message("user", f"What is {i} plus 1?"), Message("assistant", f"{i + 1}")]
+        quiet = [Message("user", question), Message("assistant", "I will not say.", train=False)]
+        rows.append([render(Conversation(m, "t"), gpt2, special) for m in (taught, quiet)])
+    assert sum(rows[0][1][1]) == 0, "the second conversation trains nothing"
+    target = folder.parent / f"{folder.name}-{abs(hash(question)) % 1000}"
+    write_packed(str(target), {"train": fill_rows(rows, ROW + 1, meta["pad_token"])}, meta)
+    return target
+
+
+def test_untrained_tokens_do_not_reach_the_gradient(chat_data):
+    """A user's tokens are never targets: in a row holding a trained conversation and one that trains nothing,
+    replacing that one's user turn by random text leaves the step's gradient bit for bit the same (nanochat's
+    dropped loss mask would not). Control: with every target scored, the same change moves the gradient."""
+    words = " ".join(np.random.default_rng(3).choice(["zebra", "quartz", "plum", "fjord", "oboe"], 12))
+    folders = [packed_folder(chat_data / "talk", q) for q in ("Please stay quiet now.", words)]
+    (_, a), (_, b) = (grads(model64(), batches(f)) for f in folders)
+    for name, g in a.items():
+        assert torch.equal(g, b[name]), name
+    model, unmasked = model64(), []
+    for folder in folders:
+        loader = batches(folder, accum=1)
+        x, _, positions, _ = loader.next_batch()
+        rows = np.sort(loader._rows(0, 4))
+        y = torch.from_numpy(np.asarray(loader.packed.tokens[rows], dtype=np.int64))[:, 1:]  # every target
+        model.zero_grad(set_to_none=True)
+        model(x, y, positions=positions)[1].backward()
+        unmasked.append(model.transformer.wte.weight.grad.clone())
+    assert not torch.equal(*unmasked)
+
+
+def test_a_micro_batch_without_a_trained_token_adds_nothing_and_no_nan():
+    model = model64()
+    x = torch.randint(0, 50257, (2, 16))
+    y = torch.full((2, 16), -1)
+    positions = torch.arange(16).expand(2, 16)
+    loss = model(x, y, positions=positions, reduction="sum")[1] * 0.5
+    loss.backward()
+    assert loss.item() == 0.0 and torch.isfinite(loss)
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+def test_packed_conversations_never_see_each_other(chat_data):
+    """In a real packed row, changing one conversation's tokens leaves every other one's logits unchanged."""
+    loader = batches(chat_data / "talk", accum=1, batch=1)
+    x, _, positions, _ = loader.next_batch()
+    model = model64().eval()
+    starts = (positions[0] == 0).nonzero().flatten().tolist()
+    assert len(starts) >= 3, "a row of several conversations"
+    first_end = starts[1]
+    other = x.clone()
+    other[0, first_end:] = torch.randint(0, 50257, (x.size(1) - first_end,))
+    with torch.no_grad():
+        a = model(x, torch.zeros_like(x), positions=positions)[0]
+        b = model(other, torch.zeros_like(x), positions=positions)[0]
+    assert torch.equal(a[0, :first_end], b[0, :first_end])
+    assert not torch.equal(a[0, first_end:], b[0, first_end:])
+
+
+def test_sft_from_a_pretraining_run_exports_a_hugging_face_chat_model(chat_data, bpe_data, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pretrain = tiny_train_args(bpe_data, tmp_path / "pre", dataset="bpe", block_size=ROW, max_iters=4, eval_interval=4)
+    assert run_cli("train", *pretrain, cwd=tmp_path).returncode == 0
+    sft = tiny_train_args(chat_data, tmp_path / "sft", dataset="talk", block_size=ROW, max_iters=6, eval_interval=6)
+    r = run_cli("train", *sft, "--task=sft", f"--init_from={tmp_path / 'pre'}", "--chat_eval_examples=0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "weights from" in r.stdout and "the optimizer starts fresh" in r.stdout
+    r = run_cli("export", f"--out_dir={tmp_path / 'sft'}", f"--to={tmp_path / 'hf'}", cwd=tmp_path)
+    assert r.returncode == 0 and "a chat model" in r.stdout, r.stderr
+    hf = tmp_path / "hf"
+    tok = transformers.AutoTokenizer.from_pretrained(str(hf))
+    gpt2 = GPT2Tokenizer()
+    special = chat_special_ids(gpt2)
+    convo = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 plus 30?"}]
+    ours = render_prompt([Message(**m) for m in convo], gpt2, special)
+    theirs = tok.apply_chat_template(convo, tokenize=True, add_generation_prompt=True, return_dict=True)
+    assert theirs["input_ids"] == ours
+    full = [*convo, {"role": "assistant", "content": "42"}]
+    ids, mask = render(Conversation([Message(**m) for m in full], "t"), gpt2, special)
+    out = tok.apply_chat_template(full, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert out["input_ids"] == ids and out["assistant_masks"] == mask
+    generation = json.loads((hf / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == special[role_tokens("assistant")[1]]
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32).eval()
+    from gptforge.weights.load import load_model
+
+    model, _, _ = load_model(str(tmp_path / "sft"), None, "resume", "cpu")
+    prompt = torch.tensor([ours])
+    end = special[role_tokens("assistant")[1]]
+    with torch.no_grad():
+        theirs_out = hf_model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)[0]
+    ours_out = generate(model, prompt, 12, temperature=0, stop_token=end)[0]
+    assert torch.equal(theirs_out, ours_out[: theirs_out.size(0)])  # both stop at the assistant's end token
+
+
+def test_a_chat_dataset_given_to_pretraining_and_the_reverse_are_refused(chat_data, char_data, tmp_path):
+    r = run_cli("train", *tiny_train_args(chat_data, tmp_path / "a", dataset="talk", block_size=ROW), cwd=tmp_path)
+    assert r.returncode == 2 and "is a chat dataset" in r.stderr and "--task=sft" in r.stderr
+    r = run_cli("train", *tiny_train_args(char_data, tmp_path / "b"), "--task=sft", cwd=tmp_path)
+    assert r.returncode == 2 and "--task=sft trains on a chat dataset" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("train", *tiny_train_args(chat_data, tmp_path / "c", dataset="talk", block_size=32), "--task=sft")
+    assert r.returncode == 2 and f"holds rows of {ROW} tokens" in r.stderr
+    assert not any((tmp_path / d).exists() for d in ("a", "b", "c"))
+
+
+def test_an_sft_run_resumed_halfway_equals_the_uninterrupted_run(chat_data, tmp_path):
+    common = dict(dataset="talk", block_size=ROW, max_iters=8, lr_decay_iters=8, eval_interval=4, batch_size=4)
+    whole = tiny_train_args(chat_data, tmp_path / "whole", **common, gradient_accumulation_steps=2)
+    assert run_cli("train", *whole, "--task=sft", "--chat_eval_examples=0", cwd=tmp_path).returncode == 0
+    split = tiny_train_args(chat_data, tmp_path / "split", **{**common, "max_iters": 4}, gradient_accumulation_steps=2)
+    assert run_cli("train", *split, "--task=sft", "--chat_eval_examples=0", cwd=tmp_path).returncode == 0
+    r = run_cli("train", f"--out_dir={tmp_path / 'split'}", "--init_from=resume", "--max_iters=8", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    a = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
