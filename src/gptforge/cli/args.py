@@ -30,7 +30,7 @@ config keys (--key=DEFAULT  (type)):
 
 TOKENIZER_HELP = (
     "char, gpt2, or an own tokenizer (`gptforge tokenizer train`: its name under tokenizers/, or its folder) for "
-    "recipes text (default: char), shakespeare and the sharded recipes (default: gpt2)"
+    "recipes text (default: char), shakespeare, the sharded recipes and chat (default: gpt2; chat: no char)"
 )
 
 
