@@ -7,9 +7,15 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
+import re
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +130,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class Server:
+    """`gptforge serve ARGS --port 0` in a subprocess; `url` once it listens, its stderr kept in `log`."""
+
+    def __init__(self, *args: str, env: dict | None = None, timeout: float = 120):
+        command = [sys.executable, "-m", "gptforge", "serve", "--port=0", "--device=cpu", *map(str, args)]
+        full_env = {**os.environ, **ONE_THREAD, **(env or {})}
+        self.proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=full_env)
+        self.log: list[str] = []
+        deadline, self.url = time.monotonic() + timeout, None
+        while self.url is None:
+            line = self.proc.stderr.readline()
+            if not line and self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"serve did not start: {''.join(self.log)}")
+            self.log.append(line)
+            found = re.search(r"serving on (http://\S+)", line)
+            self.url = found.group(1) if found else None
+        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+
+    def health(self) -> dict:
+        import requests
+
+        return requests.get(f"{self.url}/health", timeout=10).json()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from conftest import TIKTOKEN_CACHE, need_shared
 from chat_tools import MEMORISED, SYSTEM, base_run, chat_run, one_thread, tiny_model, write_run  # noqa: F401
+from conftest import TIKTOKEN_CACHE, need_shared
 from gptforge.chat.render import chat_special_ids, render_prompt
 from gptforge.core.errors import UserError
 from gptforge.infer.chat_model import load_for_inference
@@ -152,8 +152,9 @@ def test_penalties_follow_ctrl_and_openai():
     logits = torch.tensor([2.0, -2.0, 1.0, 0.5])
     seen = torch.tensor([True, True, False, False])
     counts = torch.tensor([0.0, 0.0, 3.0, 0.0])
-    out = penalize(logits, seen, counts, SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5,
-                                                         presence_penalty=0.25))
+    out = penalize(
+        logits, seen, counts, SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    )
     assert out.tolist() == [1.0, -4.0, 1.0 - 1.5 - 0.25, 0.5]
     sampler = RowSampler(SamplingParams(temperature=0, repetition_penalty=100.0), 4, "cpu", context=[0])
     assert sampler.choose(logits).token == 2  # token 0 was in the prompt

@@ -278,6 +278,10 @@ def add_page_routes(fastapi, app, guard) -> None:
     for path in PAGES:
         app.add_api_route(path, page, methods=["GET"], include_in_schema=False)
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return fastapi.Response(status_code=204)  # no icon: said without a 404 in the browser's console
+
 
 def serve(
     out_dir: str = "out",
