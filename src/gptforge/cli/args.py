@@ -10,7 +10,7 @@ import dataclasses
 import math
 
 from gptforge import __version__
-from gptforge.cli.chat_args import add_chat, add_serve
+from gptforge.cli.chat_args import add_chat, add_chat_template_options, add_serve
 from gptforge.cli.tokenizer_args import add_tokenizer
 from gptforge.core.config import CHOICES, FIELDS
 from gptforge.data import CHAT_RECIPE, RECIPES, SHARD_RECIPES
@@ -237,6 +237,7 @@ def add_lm_eval(tasks: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also put every example's requests and responses (log-likelihoods) in the JSON",
     )
+    add_chat_template_options(t)
     add_device(t, seed_help="seed of lm-eval's few-shot sampling and of any sampling in generation")
 
 

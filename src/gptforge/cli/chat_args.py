@@ -77,3 +77,18 @@ def add_serve(sub: argparse._SubParsersAction, formatter: Callable[[str], argpar
         choices=CHOICES["dtype"],
         help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)",
     )
+
+
+def add_chat_template_options(t: argparse.ArgumentParser) -> None:
+    """`gptforge eval lm-eval`'s options for chat models (lm-eval's own names)."""
+    t.add_argument(
+        "--apply_chat_template",
+        action="store_true",
+        help="a chat model: give it each prompt as a conversation in its chat format (lm-eval's option)",
+    )
+    t.add_argument(
+        "--fewshot_as_multiturn",
+        action="store_true",
+        help="with --apply_chat_template: the few-shot examples as earlier turns of the conversation",
+    )
+    t.add_argument("--system_instruction", default=None, metavar="TEXT", help="a system message before each prompt")

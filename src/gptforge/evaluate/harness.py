@@ -94,8 +94,12 @@ def eval_lm_eval(
     device: str,
     dtype: str,
     seed: int,
+    apply_chat_template: bool = False,
+    fewshot_as_multiturn: bool = False,
+    system_instruction: str | None = None,
 ) -> dict[str, Any]:
-    """Score the model on lm-eval's tasks; prints lm-eval's table, writes the results to --output_path."""
+    """Score the model on lm-eval's tasks; prints lm-eval's table, writes the results to --output_path. With
+    apply_chat_template (a chat model), each prompt is a conversation in the model's chat format."""
     names = check_options(tasks, limit, batch_size, num_fewshot, include_path)
     lm_eval = import_lm_eval()
     from lm_eval.tasks import TaskManager
@@ -106,6 +110,11 @@ def eval_lm_eval(
     task_manager = TaskManager(include_path=include_path)
     check_tasks(task_manager, names, include_path)
     lm = GPTForgeLM(ckpt=ckpt, out_dir=out_dir, init_from=init_from, device=device, dtype=dtype, batch_size=batch_size)
+    if (apply_chat_template or fewshot_as_multiturn or system_instruction) and not lm.chat:
+        raise UserError(
+            "--apply_chat_template (and --fewshot_as_multiturn, --system_instruction) need a chat model (a run "
+            "trained with --task=sft, or a folder with a chat_template); this one is a base model: leave them out"
+        )
     what = ckpt or (os.path.join(out_dir, "ckpt.pt") if init_from == "resume" else init_from)
     console.log(f"lm-eval {lm_eval.__version__}: {', '.join(names)} on {what} ({lm.device}, {lm.dtype})")
     try:
@@ -120,6 +129,9 @@ def eval_lm_eval(
             numpy_random_seed=seed,
             torch_random_seed=seed,
             fewshot_random_seed=seed,
+            apply_chat_template=apply_chat_template,
+            fewshot_as_multiturn=fewshot_as_multiturn,
+            system_instruction=system_instruction,
         )
     except Exception as e:
         if is_offline_error(e):

@@ -23,8 +23,11 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from gptforge.chat.render import chat_special_ids, encode, render_prompt
+from gptforge.chat.template import CHAT_TEMPLATE
 from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
 from gptforge.core.errors import UserError
+from gptforge.infer.chat_model import decode_with_specials, encode_with_specials, is_chat_model, special_tokens
 from gptforge.infer.engine import generate_stream
 from gptforge.weights.load import load_model
 
@@ -62,9 +65,15 @@ class GPTForgeLM(TemplateLM):
     ) -> None:
         super().__init__()
         self._device = resolve_device(device or "auto")
-        model, tokenizer, _ = load_model(out_dir, ckpt, init_from, self._device)
+        model, tokenizer, checkpoint = load_model(out_dir, ckpt, init_from, self._device)
         check_text_tokenizer(tokenizer)
         self.model, self.tok = model, tokenizer
+        # a chat model (issue 28): its chat template renders lm-eval's conversations; its answers end at its end token
+        self.chat = is_chat_model(tokenizer, checkpoint, init_from)
+        self.special_ids = chat_special_ids(tokenizer) if self.chat else {}
+        self.specials = special_tokens(tokenizer, self.special_ids) if self.chat else {}
+        ends = ("<|assistant_end|>", "<|user_start|>")
+        self.stop_ids = {tokenizer.eot_token, *(self.special_ids[name] for name in ends if self.chat)}
         kind = device_type(self._device)
         self.dtype = resolve_dtype(dtype, kind, model.config.n_embd)
         self.ctx = autocast_context(kind, self.dtype)
@@ -84,7 +93,28 @@ class GPTForgeLM(TemplateLM):
         return self._device
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        if self.chat:  # the chat template's text names its special tokens: they become their ids again
+            return encode_with_specials(self.tok, string, self.specials)
         return self.tok.encode(string)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return "gptforge-chat" if self.chat else "gptforge"
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return CHAT_TEMPLATE if self.chat else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """lm-eval's conversation in the chat format (chat/render.py's), as text whose special tokens tok_encode
+        reads back; without add_generation_prompt a last assistant message stays open, to be continued."""
+        if not self.chat:
+            raise UserError("--apply_chat_template: this model is not a chat model (no SFT run, no chat_template)")
+        if add_generation_prompt:
+            ids = render_prompt(chat_history, self.tok, self.special_ids)
+        else:
+            ids = encode(chat_history, self.tok).render(self.special_ids)[0]
+            ids = ids[:-1] if chat_history and chat_history[-1]["role"] == "assistant" else ids
+        return decode_with_specials(self.tok, ids, self.specials)
 
     def tok_decode(self, tokens: list[int]) -> str:
         return self.tok.decode(tokens)
@@ -157,7 +187,7 @@ class GPTForgeLM(TemplateLM):
             new: list[int] = []
             with self.ctx:
                 for token in generate_stream(self.model, idx, max_new, temperature=temperature):
-                    if int(token) == self.eot_token_id:
+                    if int(token) in self.stop_ids:
                         break
                     new.append(int(token))
                     if any(stop in self.tok_decode(new) for stop in until):

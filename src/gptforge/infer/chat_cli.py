@@ -37,6 +37,8 @@ def chat(args: ChatArgs, out=None, err=None) -> None:
 
     session = Session(lm, args.system, notify)
     if args.prompt is not None:
+        if not lm.chat:
+            notify(lm.describe())
         for piece in session.answer(args.prompt, params(args, 0), args.max_new_tokens, args.stop):
             out.write(piece)
             out.flush()
