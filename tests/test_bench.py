@@ -72,3 +72,13 @@ def test_bench_table_and_errors(tmp_path):
     assert r.returncode == 2 and "argument --iters: invalid int value: 'many'" in r.stderr
     r = run_cli("bench", "--help")
     assert r.returncode == 0 and "--compare" in r.stdout
+
+
+def test_compare_names_its_baseline_and_warns_that_muon_steps_are_not_time_to_quality(tmp_path):
+    r = run_cli("bench", *TINY, "--optimizer=muon", "--compare", "--iters=1", "--warmup=0", "--rounds=1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    flat = " ".join(r.stdout.split())
+    assert "over the baseline (float32, eager, nanoGPT's AdamW and torch's dropout" in flat
+    assert "per-step speed is not time to quality; compare that with --target_loss" in flat
+    r = run_cli("bench", "--help", cwd=tmp_path)
+    assert "With --target_loss: time to quality" in " ".join(r.stdout.split())

@@ -98,6 +98,7 @@ def test_help_lists_options_with_defaults(command):
             "--steps_per_epoch, --num_epochs -> max_iters",
         ],
         "sample": ["--num_samples", "(default: 10)", "--temperature", "(default: 0.8)", "--init_from", "--ckpt PATH"]
+        + ["a local Hugging Face folder (GPT-2 or NanoChat, e.g. one `gptforge export` wrote)"]
         + ["--top_p", "--stop_token", "--window {slide,half,stream}", "(default: slide)", "faster on long samples"]
         + ["a file (default: a newline) --num_samples", "instead of using the KV cache (default: the cache is on)"],
         "export": ["--out_dir", "--to", "--ckpt PATH"],

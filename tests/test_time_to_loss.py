@@ -109,3 +109,28 @@ def test_a_target_not_reached_is_said_and_bad_options_exit_2(char_data, tmp_path
     ]:
         r = run_cli("bench", str(cfg), *args, cwd=tmp_path)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_the_whole_set_is_scored_only_when_the_screen_may_have_reached_the_target():
+    """The cheap screen decides: 3 of its standard errors above the target, no full check (issue: a README-size
+    race spent most of its wall time checking); within them, the whole set decides."""
+    from types import SimpleNamespace
+
+    from gptforge.bench.time_to_loss import _check
+
+    class Screened:
+        def __init__(self, screen):
+            self.screen, self.full = screen, 0
+
+        def measure(self, model, ctx, batch, screen=False):
+            if screen:
+                return {"loss": self.screen, "bpb": (math.nan, math.inf)}
+            self.full += 1
+            return {"loss": (1.89, 0.005), "bpb": (math.nan, math.inf)}
+
+    run = SimpleNamespace(cfg=SimpleNamespace(batch_size=4), accum=1, raw_model=None, ctx=None)
+    far = Screened((2.0, 0.02))  # 2.0 - 3 x 0.02 = 1.94 > 1.90
+    assert _check(far, run, "loss", 1.90, ending=False) == {"val_loss": 2.0, "val_bpb": math.nan, "se": None}
+    near = Screened((1.95, 0.02))  # 1.89 <= 1.90: it may be there
+    assert _check(near, run, "loss", 1.90, ending=False)["se"] == 0.005 and near.full == 1
+    assert _check(far, run, "loss", 1.90, ending=True)["se"] == 0.005  # the last check is always whole

@@ -1,2 +1,3 @@
-"""The command line: `args` (one argparse parser per subcommand) and `main` (the `gptforge` command: parse, then hand
-the work to the stage that does it, imported only then). Nothing imports it."""
+"""The command line: `args` (one argparse parser per subcommand, each naming the handler that does its work), with
+`tokenizer_args`, `chat_args` and `bench_args` for those commands' own options, and `main` (the `gptforge` command:
+parse, then hand the work to the stage that does it, imported only then). Nothing imports it."""

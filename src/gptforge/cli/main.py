@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gptforge.cli.args import TRAIN_USAGE, bench_parser, build_parser
+from gptforge.cli.args import TRAIN_USAGE, build_parser
+from gptforge.cli.bench_args import bench_parser
 from gptforge.core.allocator import keep_freed_memory
 from gptforge.core.errors import UserError
 
