@@ -95,6 +95,7 @@ class Request:
     n: int = 1
     stop: list[str] = field(default_factory=list)
     prompt_logprobs: bool = False  # echo with logprobs: every prompt token's log-probability
+    ignore_eos: bool = False  # the end tokens do not end the answer (benchmarks: a fixed length)
     cancelled: bool = False
 
     @property
@@ -233,7 +234,7 @@ class Batcher:
     def _advance(self, row: Row, choice: Choice) -> None:
         """A token was sampled for `row`: the stop rule, then the token is shown and queued to be fed."""
         token = choice.token
-        if token in self.lm.stop_ids:
+        if token in self.lm.stop_ids and not row.request.ignore_eos:
             self._finish(row, "stop", choice)
             return
         row.made += 1

@@ -51,6 +51,7 @@ class Parsed:
     include_usage: bool
     echo: bool = False
     prompt_texts: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
 
     @property
     def rows(self) -> int:
@@ -120,6 +121,7 @@ def _common(body: dict, lm: LoadedModel, limits: Limits, chat: bool) -> dict[str
         "stop": stop,
         "stream": bool(_get(body, "stream", (bool,), False)),
         "include_usage": bool(options.get("include_usage", False)),
+        "ignore_eos": bool(_get(body, "ignore_eos", (bool,), False)),
     }
 
 

@@ -90,6 +90,10 @@ def build_app(lm: LoadedModel, limits: Limits, api_key: str | None = None, max_b
     async def api_error(request, e: ApiError):
         return JSONResponse(e.body(), status_code=e.status)
 
+    @app.exception_handler(UserError)
+    async def user_error(request, e: UserError):  # e.g. text a character vocabulary cannot encode
+        return JSONResponse(ApiError(400, str(e), None, "invalid_value").body(), status_code=400)
+
     @app.exception_handler(HTTPException)
     async def http_error(request, e):
         error = ApiError(
@@ -141,6 +145,7 @@ def build_app(lm: LoadedModel, limits: Limits, api_key: str | None = None, max_b
             parsed.n,
             parsed.stop,
             prompt_logprobs=parsed.echo and parsed.params.logprobs is not None,
+            ignore_eos=parsed.ignore_eos,
         )
         try:
             batcher.submit(job)
