@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from chat_tools import base_run, one_thread, tiny_model, write_run  # noqa: F401
+from chat_tools import one_thread, tiny_model, write_run  # noqa: F401
 from conftest import TIKTOKEN_CACHE, need_shared
 from gptforge.infer.batcher import Batcher, Request
 from gptforge.infer.chat_model import load_for_inference
@@ -18,10 +18,12 @@ from gptforge.infer.session import Session
 from gptforge.tokenizer.char import CharTokenizer
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["learned positions", "rotary"])
+def lm(request, tmp_path_factory):
+    """A random GPT-2 BPE base model: GPT-2's shape, or with rotary positions (NanoChat's), each row at its own."""
     need_shared(TIKTOKEN_CACHE)
-    folder = base_run(tmp_path_factory.mktemp("base") / "run", block_size=128)
+    model = tiny_model(block_size=128, rotary=request.param)
+    folder = write_run(tmp_path_factory.mktemp("base") / "run", model, {"tokenizer": "gpt2"}, chat=False)
     return load_for_inference(str(folder), None, "resume", "cpu", "float32")
 
 

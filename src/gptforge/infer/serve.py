@@ -53,9 +53,6 @@ def _imports():
 def build_app(lm: LoadedModel, limits: Limits, api_key: str | None = None, max_batch: int = 16, loopback: bool = True):
     """The ASGI app; its batcher thread starts now and stops when the app shuts down (uvicorn's lifespan)."""
     fastapi, _ = _imports()
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from starlette.exceptions import HTTPException
-
     batcher = Batcher(lm, max_batch)
 
     @contextlib.asynccontextmanager
@@ -65,20 +62,30 @@ def build_app(lm: LoadedModel, limits: Limits, api_key: str | None = None, max_b
 
     app = fastapi.FastAPI(title="gptforge", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.batcher, app.state.lm = batcher, lm
+    guard = Guard(loopback, api_key)
+    add_error_handlers(app)
+    add_api_routes(fastapi, app, lm, batcher, guard, limits)
+    add_tokenizer_routes(fastapi, app, lm, guard, limits)
+    add_page_routes(fastapi, app, guard)
+    return app
 
-    def guard(request, auth: bool = True) -> None:
-        host = (
-            (request.headers.get("host") or "").rsplit(":", 1)[0]
-            if "]" not in (request.headers.get("host") or "")
-            else "[::1]"
-        )
-        if loopback and host not in LOOPBACK_HOSTS:
+
+class Guard:
+    """Who may ask: loopback host names only when bound to loopback (DNS rebinding), the key when there is one."""
+
+    def __init__(self, loopback: bool, api_key: str | None):
+        self.loopback, self.api_key = loopback, api_key
+
+    def __call__(self, request, auth: bool = True) -> None:
+        host = request.headers.get("host") or ""
+        host = host[: host.find("]") + 1] if host.startswith("[") else host.rsplit(":", 1)[0]  # no port
+        if self.loopback and host not in LOOPBACK_HOSTS:
             raise ApiError(
                 403, "this server is bound to loopback and answers only loopback host names", None, "forbidden_host"
             )
-        if auth and api_key:
+        if auth and self.api_key:
             given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
                 raise ApiError(
                     401,
                     "Incorrect API key provided: send the server's --api_key as 'Authorization: Bearer KEY'",
@@ -86,21 +93,28 @@ def build_app(lm: LoadedModel, limits: Limits, api_key: str | None = None, max_b
                     "invalid_api_key",
                 )
 
+
+def add_error_handlers(app) -> None:
+    """Every error is OpenAI's JSON: ours, a UserError (e.g. text a character vocabulary cannot encode), and
+    Starlette's own (an unknown route, a wrong method)."""
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
         return JSONResponse(e.body(), status_code=e.status)
 
     @app.exception_handler(UserError)
-    async def user_error(request, e: UserError):  # e.g. text a character vocabulary cannot encode
+    async def user_error(request, e: UserError):
         return JSONResponse(ApiError(400, str(e), None, "invalid_value").body(), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e):
-        error = ApiError(
-            e.status_code, str(e.detail), None, {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
-        )
-        return JSONResponse(error.body(), status_code=e.status_code)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        return JSONResponse(ApiError(e.status_code, str(e.detail), None, code).body(), status_code=e.status_code)
 
+
+def add_api_routes(fastapi, app, lm: LoadedModel, batcher: Batcher, guard: Guard, limits: Limits) -> None:
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": lm.name, **batcher.snapshot()}
@@ -121,87 +135,91 @@ def build_app(lm: LoadedModel, limits: Limits, api_key: str | None = None, max_b
     @app.post("/v1/chat/completions")
     async def chat_completions(request: fastapi.Request):
         guard(request)
-        return await generate(request, parse_chat(await read_json(request, limits.max_body), lm, limits))
+        parsed = parse_chat(await read_json(request, limits.max_body), lm, limits)
+        return await generate(request, parsed, lm, batcher)
 
     @app.post("/v1/completions")
     async def completions(request: fastapi.Request):
         guard(request)
-        return await generate(request, parse_completion(await read_json(request, limits.max_body), lm, limits))
+        parsed = parse_completion(await read_json(request, limits.max_body), lm, limits)
+        return await generate(request, parsed, lm, batcher)
 
-    async def generate(request, parsed: Parsed):
-        if parsed.rows > max_batch:
-            raise ApiError(
-                400,
-                f"this request needs {parsed.rows} rows (n x prompts); the server batches at most {max_batch}",
-                "n",
-                "invalid_value",
-            )
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        job = Request(
-            parsed.prompts,
-            parsed.params,
-            parsed.max_tokens,
-            lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
-            parsed.n,
-            parsed.stop,
-            prompt_logprobs=parsed.echo and parsed.params.logprobs is not None,
-            ignore_eos=parsed.ignore_eos,
+
+async def generate(request, parsed: Parsed, lm: LoadedModel, batcher: Batcher):
+    """Hand the request to the batcher; stream its events as SSE, or collect them into one response."""
+    from fastapi.responses import Response, StreamingResponse
+
+    if parsed.rows > batcher.max_batch:
+        raise ApiError(
+            400,
+            f"this request needs {parsed.rows} rows (n x prompts); the server batches at most {batcher.max_batch}",
+            "n",
+            "invalid_value",
         )
-        try:
-            batcher.submit(job)
-        except RuntimeError:
-            raise ApiError(503, "the server is shutting down", None, "shutting_down", "server_error") from None
-        collector = Collector(parsed, lm)
-        if parsed.stream:
-            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-            return StreamingResponse(sse(job, queue, collector), media_type="text/event-stream", headers=headers)
-        if not await collect(request, job, queue, collector):
-            return Response(status_code=499)  # the client is gone: nobody reads this
-        if collector.error:
-            raise ApiError(500, collector.error, None, "model_error", "server_error")
-        return collector.response()
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+    job = Request(
+        parsed.prompts,
+        parsed.params,
+        parsed.max_tokens,
+        lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
+        parsed.n,
+        parsed.stop,
+        prompt_logprobs=parsed.echo and parsed.params.logprobs is not None,
+        ignore_eos=parsed.ignore_eos,
+    )
+    try:
+        batcher.submit(job)
+    except RuntimeError:
+        raise ApiError(503, "the server is shutting down", None, "shutting_down", "server_error") from None
+    collector = Collector(parsed, lm)
+    if parsed.stream:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(sse(job, queue, collector, batcher), media_type="text/event-stream", headers=headers)
+    if not await collect(request, job, queue, collector, batcher):
+        return Response(status_code=499)  # the client is gone: nobody reads this
+    if collector.error:
+        raise ApiError(500, collector.error, None, "model_error", "server_error")
+    return collector.response()
 
-    async def collect(request, job: Request, queue: asyncio.Queue, collector: Collector) -> bool:
-        """Gather the events until the request is done; False (and the request cancelled) if the client left."""
-        gone = asyncio.ensure_future(disconnected(request))
-        try:
-            while not collector.done:
-                get = asyncio.ensure_future(queue.get())
-                finished, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if get not in finished:
-                    get.cancel()
-                    batcher.cancel(job)
-                    return False
-                collector.add(get.result())
-            return True
-        finally:
-            gone.cancel()
 
-    async def sse(job: Request, queue: asyncio.Queue, collector: Collector) -> AsyncIterator[str]:
-        """The stream: OpenAI's chunks as Server-Sent Events, then [DONE]. A client that leaves cancels this
-        generator (Starlette does), which cancels the request: its rows are free at the next step."""
-        try:
-            for chunk in collector.first_chunks():
-                yield f"data: {json.dumps(chunk)}\n\n"
-            while not collector.done:
-                event: Event = await queue.get()
-                collector.add(event)
-                if event.kind == "error":
-                    error = ApiError(500, event.text, None, "model_error", "server_error")
-                    yield f"data: {json.dumps(error.body())}\n\n"
-                    break
-                for chunk in collector.chunks(event):
-                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-            if collector.parsed.include_usage and not collector.error:
-                yield f"data: {json.dumps(collector.usage_chunk())}\n\n"
-            yield "data: [DONE]\n\n"
-        finally:
-            if not collector.done:
+async def collect(request, job: Request, queue: asyncio.Queue, collector: Collector, batcher: Batcher) -> bool:
+    """Gather the events until the request is done; False (and the request cancelled) if the client left."""
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        while not collector.done:
+            get = asyncio.ensure_future(queue.get())
+            finished, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if get not in finished:
+                get.cancel()
                 batcher.cancel(job)
+                return False
+            collector.add(get.result())
+        return True
+    finally:
+        gone.cancel()
 
-    add_tokenizer_routes(fastapi, app, lm, guard, limits)
-    add_page_routes(fastapi, app, guard)
-    return app
+
+async def sse(job: Request, queue: asyncio.Queue, collector: Collector, batcher: Batcher) -> AsyncIterator[str]:
+    """The stream: OpenAI's chunks as Server-Sent Events, then [DONE]. A client that leaves cancels this generator
+    (Starlette does), which cancels the request: its rows are free at the next step."""
+    try:
+        for chunk in collector.first_chunks():
+            yield f"data: {json.dumps(chunk)}\n\n"
+        while not collector.done:
+            event: Event = await queue.get()
+            collector.add(event)
+            if event.kind == "error":
+                error = ApiError(500, event.text, None, "model_error", "server_error")
+                yield f"data: {json.dumps(error.body())}\n\n"
+                break
+            for chunk in collector.chunks(event):
+                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        if collector.parsed.include_usage and not collector.error:
+            yield f"data: {json.dumps(collector.usage_chunk())}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        if not collector.done:
+            batcher.cancel(job)
 
 
 async def disconnected(request) -> None:
