@@ -206,14 +206,19 @@ async def sse(job: Request, queue: asyncio.Queue, collector: Collector, batcher:
         for chunk in collector.first_chunks():
             yield f"data: {json.dumps(chunk)}\n\n"
         while not collector.done:
-            event: Event = await queue.get()
-            collector.add(event)
-            if event.kind == "error":
-                error = ApiError(500, event.text, None, "model_error", "server_error")
-                yield f"data: {json.dumps(error.body())}\n\n"
+            events: list[Event] = [await queue.get()]
+            while not queue.empty():  # what piled up while the client read: sent in one write
+                events.append(queue.get_nowait())
+            out = []
+            for event in events:
+                collector.add(event)
+                if event.kind == "error":
+                    out.append(f"data: {json.dumps(ApiError(500, event.text, None, 'model_error').body())}\n\n")
+                    break
+                out += [f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n" for chunk in collector.chunks(event)]
+            yield "".join(out)
+            if collector.error:
                 break
-            for chunk in collector.chunks(event):
-                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
         if collector.parsed.include_usage and not collector.error:
             yield f"data: {json.dumps(collector.usage_chunk())}\n\n"
         yield "data: [DONE]\n\n"
