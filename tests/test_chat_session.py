@@ -173,3 +173,15 @@ def test_save_then_load_round_trips_the_conversation(chat_lm, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "x"}]}\n')
     with pytest.raises(UserError, match="ends with a user message"):
         other.load(str(tmp_path / "bad.jsonl"))
+
+
+def test_an_exported_chat_folder_is_a_chat_model_with_the_same_answers(chat_lm, tmp_path):
+    """--init_from a Hugging Face folder (what `gptforge export` writes for an SFT run: a chat_template) talks the
+    same as the run itself."""
+    from gptforge.weights.export import export_hf
+
+    export_hf(chat_lm.model, str(tmp_path / "hf"), chat_lm.tokenizer.spec(), chat=True)
+    folder_lm = load_for_inference("unused", None, str(tmp_path / "hf"), "cpu", "float32")
+    assert folder_lm.chat and folder_lm.name == "hf" and folder_lm.stop_ids == chat_lm.stop_ids
+    for question, answer in MEMORISED.items():
+        assert "".join(Session(folder_lm, SYSTEM).answer(question, GREEDY, 60)) == answer
