@@ -6,10 +6,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
 
+from conftest import run_cli
 from gptforge.chat.conversations import Message, read_chitchat, read_conversations, read_file
 from gptforge.chat.pack import best_fit, fill_rows, pack_documents, plan_rows, read_chat_meta, read_packed
 from gptforge.chat.prepare import pack_split, prepare_chat
@@ -314,3 +316,20 @@ def test_score_is_exact_match_but_for_outer_whitespace():
     assert not score(upper, upper.answer.lower()) or upper.answer == upper.answer.lower()
     with pytest.raises(UserError, match="unknown synthetic task kinds"):
         generate(1, kinds=["poetry"])
+
+
+def test_synthetic_kinds_choose_the_tasks_and_their_shares(tmp_path, tiktoken_cache):
+    """--synthetic_kinds through the CLI: the kinds in turn, a kind named twice twice as often; the dataset holds
+    exactly those conversations. An unknown kind is refused (exit 2) and nothing is written."""
+    args = ["prepare", "chat", "--name=s", "--include=synthetic", "--synthetic_examples=30", "--block_size=512"]
+    r = run_cli(*args, "--synthetic_kinds=add3,add3,recall", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    expected = generate(30, 1337, "train", kinds=["add3", "add3", "recall"])
+    assert Counter(e.kind for e in expected) == {"add3": 20, "recall": 10}
+    tok = GPT2Tokenizer()
+    rendered = {tuple(render(e.conversation(), tok, IDS)[0]) for e in expected}
+    folder = str(tmp_path / "data" / "s")
+    assert {tuple(ids) for split in ("train", "val") for ids, _ in documents_of(read_packed(folder, split))} == rendered
+    r = run_cli(*args[:2], "--name=t", *args[3:], "--synthetic_kinds=add3,nope", cwd=tmp_path)
+    assert r.returncode == 2 and "unknown synthetic task kinds ['nope']" in r.stderr
+    assert not (tmp_path / "data" / "t").exists()

@@ -38,6 +38,7 @@ def test_every_argparse_subcommand_has_a_handler():
         "eval hellaswag",
         "eval loss",
         "eval lm-eval",
+        "eval chat",
         "tokenizer train",
         "tokenizer stats",
         "tokenizer encode",

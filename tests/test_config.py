@@ -86,7 +86,9 @@ def test_nanogpt_readme_cpu_command():
     assert load_config([str(ROOT / "config/train_shakespeare_char_cpu.py")]) == cfg
 
 
-def test_shipped_configs_parse():
+def test_shipped_configs_parse(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out-chat-pretrain").mkdir()  # the chat recipe's SFT config starts from the pretraining run's folder
     for path in sorted((ROOT / "config").glob("*.py")):
         load_config([str(path)])
     gpt2 = load_config([str(ROOT / "config/train_gpt2.py")])

@@ -122,6 +122,28 @@ def test_untrained_tokens_do_not_reach_the_gradient(chat_data):
     assert not torch.equal(*unmasked)
 
 
+def test_sft_loss_all_trains_every_token_inside_each_conversation(chat_data):
+    """sft_loss='all' (the comparison without the mask): the targets are every token that continues its own
+    conversation (user turns and role tokens too), never a conversation's first token after another one, never
+    padding; counted by hand from the row's documents. The default trains a strict subset of them."""
+    folder = chat_data / "talk"
+    meta = read_meta(str(folder))
+    every = ChatBatches(str(folder), meta, "train", 4, 50304, "cpu", 1, train_on="all")
+    masked = ChatBatches(str(folder), meta, "train", 4, 50304, "cpu", 1)
+    (_, y, _, w), (_, y_masked, _, _) = every.next_batch(), masked.next_batch()
+    rows = np.sort(every._rows(0, 4))
+    tokens = np.asarray(every.packed.tokens[rows], dtype=np.int64)
+    expected = np.full((4, ROW), -1)
+    for i, row in enumerate(rows):
+        bounds = every.packed.row_bounds(row)
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            expected[i, start : end - 1] = tokens[i, start + 1 : end]  # input at t predicts t + 1, same document
+    assert torch.equal(y, torch.from_numpy(expected))
+    assert w == pytest.approx(1 / (expected != -1).sum())
+    assert ((y_masked != -1) <= (y != -1)).all() and (y_masked != -1).sum() < (y != -1).sum()
+    assert torch.equal(y[y_masked != -1], y_masked[y_masked != -1])
+
+
 def test_a_micro_batch_without_a_trained_token_adds_nothing_and_no_nan():
     model = model64()
     x = torch.randint(0, 50257, (2, 16))

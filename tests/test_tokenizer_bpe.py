@@ -120,6 +120,25 @@ def test_tiktoken_equals_the_trainer_and_hugging_face(corpus):
         assert hf.decode(ids, skip_special_tokens=False) == sample
 
 
+def test_max_digits_cuts_numbers_alike_in_every_encoder(corpus, tmp_path):
+    """--max_digits 1: every digit its own token, the pattern stored in the folder; tiktoken (ours), Hugging Face's
+    tokenizer.json and a reload agree; the default keeps nanochat's runs of two."""
+    tokenizers = pytest.importorskip("tokenizers")
+    text = "".join(
+        f"What is {a} + {b}? {a + b}.\n" for a, b in zip(range(100, 999, 7), range(999, 100, -7), strict=True)
+    )
+    (tmp_path / "sums.txt").write_text(text * 20 + corpus["mixed"].read_text(encoding="utf-8")[:50_000])
+    folder = train_tokenizer([str(tmp_path / "sums.txt")], 512, "d1", out_root=str(tmp_path), max_digits=1)
+    one = load_tokenizer(folder)
+    assert one.pattern == bpe.split_pattern(1) and one.pattern != PATTERN
+    pieces = [one.decode([i]) for i in one.encode("Compute 1234 + 567890.")]
+    assert [p for p in pieces if any(c.isdigit() for c in p)] == list("1234567890")
+    hf = tokenizers.Tokenizer.from_file(os.path.join(folder, bpe.HF_FILE))
+    assert hf.encode(text, add_special_tokens=False).ids == one.encode(text) == load_tokenizer(folder).encode(text)
+    two = load_tokenizer(train_tokenizer([str(tmp_path / "sums.txt")], 512, "d2", out_root=str(tmp_path)))
+    assert max(len(two.decode([i])) for i in two.encode("1234567890") if two.decode([i]).isdigit()) == 2
+
+
 def test_transformers_loads_the_folder(mixed_tok):
     transformers = pytest.importorskip("transformers")
     tok, folder = mixed_tok

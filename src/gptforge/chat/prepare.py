@@ -23,7 +23,7 @@ import numpy as np
 from gptforge.chat.conversations import Conversation, read_chitchat, read_file
 from gptforge.chat.pack import Packed, fill_rows, plan_rows, write_packed
 from gptforge.chat.render import TRAINED_ROLES, chat_special_ids, encode
-from gptforge.chat.synthetic import generate, words_from_text
+from gptforge.chat.synthetic import KINDS, generate, words_from_text
 from gptforge.core.console import log
 from gptforge.core.errors import UserError
 from gptforge.tokenizer.spec import from_spec
@@ -44,6 +44,7 @@ def prepare_chat(
     last_turn_only: bool = False,
     recipes: Sequence[str] = (),
     synthetic_examples: int = 20_000,
+    synthetic_kinds: Sequence[str] | None = None,
     seed: int = 1337,
     split_long: bool = True,
     words_file: str | None = None,
@@ -52,13 +53,14 @@ def prepare_chat(
 
     paths: JSONL / JSON files (fmt: 'openai', 'sharegpt', 'alpaca', or None to detect per record); recipes:
     'chitchat' (the chitchat-dataset package) and 'synthetic' (synthetic_examples train-split tasks of
-    chat/synthetic.py, words from words_file's text or made up). A conversation longer than a row is cut at a
-    turn boundary; split_long (not with last_turn_only) keeps its rest as further documents, each starting
-    with the system message again, else the rest is dropped. seed fixes the synthetic tasks and the row order."""
+    chat/synthetic.py, the kinds of synthetic_kinds in turn (None: every kind once), words from words_file's text
+    or made up). A conversation longer than a row is cut at a turn boundary; split_long (not with last_turn_only)
+    keeps its rest as further documents, each starting with the system message again, else the rest is dropped.
+    seed fixes the synthetic tasks and the row order."""
     _check_options(name, block_size, val_fraction)
     tok = from_spec(tokenizer_spec)
     special_ids = chat_special_ids(tok)
-    conversations, sources = gather(paths, fmt, recipes, synthetic_examples, seed, words_file)
+    conversations, sources = gather(paths, fmt, recipes, synthetic_examples, seed, words_file, synthetic_kinds)
     trainable = [c for c in conversations if any(m.role in TRAINED_ROLES and m.train for m in c.messages)]
     splits = split_conversations(trainable, val_fraction)
     vocab_size = max(tok.vocab_size, max(special_ids.values()) + 1)
@@ -110,6 +112,7 @@ def gather(
     synthetic_examples: int,
     seed: int,
     words_file: str | None,
+    synthetic_kinds: Sequence[str] | None = None,
 ) -> tuple[list[Conversation], dict[str, int]]:
     """Every conversation of the files and recipes, checked, and how many came from each."""
     unknown = [r for r in recipes if r not in CHAT_RECIPES]
@@ -129,7 +132,7 @@ def gather(
         if synthetic_examples < 1:
             raise UserError(f"the synthetic recipe needs a positive number of examples, got {synthetic_examples}")
         words = words_from_text(_read_words_file(words_file)) if words_file else None
-        examples = generate(synthetic_examples, seed, "train", words=words)
+        examples = generate(synthetic_examples, seed, "train", kinds=synthetic_kinds or KINDS, words=words)
         sources["synthetic"] = len(examples)
         conversations += [e.conversation() for e in examples]
     if not conversations:

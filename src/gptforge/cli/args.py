@@ -9,11 +9,13 @@ import argparse
 import dataclasses
 
 from gptforge import __version__
+from gptforge.chat.synthetic import KINDS
 from gptforge.cli.chat_args import add_chat, add_chat_template_options, add_serve
+from gptforge.cli.common_args import add_device, add_model_source
 from gptforge.cli.tokenizer_args import add_tokenizer
 from gptforge.core.config import CHOICES, FIELDS
 from gptforge.data import CHAT_RECIPE, RECIPES, SHARD_RECIPES
-from gptforge.infer.options import SOURCE_HELP, WINDOWS, SampleArgs
+from gptforge.infer.options import WINDOWS, SampleArgs
 
 TRAIN_USAGE = """usage: gptforge train [CONFIG_FILE ...] [--key=value | --key value ...]
 
@@ -47,31 +49,6 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def formatter(prog: str) -> argparse.HelpFormatter:
     return DefaultsFormatter(prog, max_help_position=30, width=110)
-
-
-def add_device(p: argparse.ArgumentParser, seed_help: str | None = None) -> None:
-    """--device and --dtype, and --seed when the command draws random numbers."""
-    if seed_help:
-        p.add_argument("--seed", type=int, default=1337, help=seed_help)
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=CHOICES["dtype"],
-        help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)",
-    )
-
-
-def add_model_source(p: argparse.ArgumentParser, verb: str, out_dir_help: str) -> None:
-    """--out_dir / --ckpt / --init_from: where sample and eval take their model from."""
-    p.add_argument("--out_dir", default="out", help=out_dir_help)
-    p.add_argument(
-        "--ckpt",
-        default=None,
-        metavar="PATH",
-        help=f"a checkpoint file to {verb} instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)",
-    )
-    p.add_argument("--init_from", default="resume", help=SOURCE_HELP)
 
 
 def add_prepare(sub: argparse._SubParsersAction) -> None:
@@ -159,7 +136,7 @@ def add_sample(sub: argparse._SubParsersAction) -> None:
 def add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval",
-        help="evaluate a trained run (hellaswag, loss, lm-eval)",
+        help="evaluate a trained run (hellaswag, loss, lm-eval, chat)",
         formatter_class=formatter,
         description="Evaluate <out_dir>/ckpt.pt (or --ckpt PATH) on a benchmark; the result goes to stdout.",
     )
@@ -207,6 +184,23 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
         help="tokens per sequence (default: the run's; at most the model's block_size)",
     )
     add_device(t, seed_help="seed of the batch positions")
+    add_eval_chat(tasks)
+
+
+def add_eval_chat(tasks: argparse._SubParsersAction) -> None:
+    t = tasks.add_parser(
+        "chat",
+        help="a chat model's exact match on held-out synthetic tasks",
+        formatter_class=formatter,
+        description="A chat model (gptforge train --task=sft) answers held-out synthetic problems (never in a "
+        "training set) greedily; prints the exact match per kind and the share of answers ending with the end token.",
+    )
+    t.set_defaults(handler="gptforge.evaluate.chat:eval_chat")
+    add_model_source(t, "score", "run folder holding ckpt.pt (an SFT run)")
+    t.add_argument("--kinds", default="add3,recall", help="comma-separated task kinds: " + ",".join(KINDS))
+    t.add_argument("--examples", type=int, default=200, help="problems per kind")
+    t.add_argument("--max_new_tokens", type=int, default=48, help="longest answer generated")
+    add_device(t, seed_help="seed choosing the problems")
 
 
 def add_lm_eval(tasks: argparse._SubParsersAction) -> None:
@@ -319,6 +313,13 @@ def add_chat_prepare(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--synthetic_examples", type=int, default=None, help="chat: synthetic conversations (default: 20,000)"
+    )
+    p.add_argument(
+        "--synthetic_kinds",
+        default=None,
+        metavar="KINDS",
+        help="chat: the synthetic task kinds, taken in turn; a kind named twice comes twice as often (default: "
+        f"each once: {','.join(KINDS)})",
     )
     p.add_argument(
         "--last_turn_only",

@@ -6,8 +6,9 @@ import argparse
 import dataclasses
 from collections.abc import Callable
 
+from gptforge.cli.common_args import add_device, add_model_source
 from gptforge.core.config import CHOICES
-from gptforge.infer.options import SOURCE_HELP, ChatArgs
+from gptforge.infer.options import ChatArgs
 
 CHAT_DESCRIPTION = """Talk to a model in the terminal: a chat model (fine-tuned on conversations) answers each
 message, remembering the conversation (kept in the model's KV cache: a turn costs only its own tokens; when it
@@ -47,9 +48,7 @@ def add_serve(sub: argparse._SubParsersAction, formatter: Callable[[str], argpar
         description=SERVE_DESCRIPTION,
     )
     p.set_defaults(handler="gptforge.infer.serve:serve")
-    p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt")
-    p.add_argument("--ckpt", default=None, metavar="PATH", help="a checkpoint file instead of <out_dir>/ckpt.pt")
-    p.add_argument("--init_from", default="resume", help=SOURCE_HELP)
+    add_model_source(p, "serve", "run folder holding ckpt.pt")
     p.add_argument(
         "--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 lets other machines in (set --api_key then)"
     )
@@ -70,13 +69,7 @@ def add_serve(sub: argparse._SubParsersAction, formatter: Callable[[str], argpar
     )
     p.add_argument("--max_body_mb", type=float, default=1.0, help="the largest request body, in MiB")
     p.add_argument("--max_messages", type=int, default=256, help="the most messages in one chat request")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=CHOICES["dtype"],
-        help="autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)",
-    )
+    add_device(p)
 
 
 def add_chat_template_options(t: argparse.ArgumentParser) -> None:

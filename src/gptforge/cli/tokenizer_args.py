@@ -32,6 +32,14 @@ def add_tokenizer(sub: argparse._SubParsersAction, formatter: Callable[[str], ar
     t.add_argument("--doc_chars", type=int, default=None, help="read at most this many characters of each document")
     t.add_argument("--force", action="store_true", help="replace an existing tokenizer of the same name")
     t.add_argument("--text_field", default="text", help="field / column holding the text of record files")
+    t.add_argument(
+        "--max_digits",
+        type=int,
+        default=2,
+        choices=(1, 2, 3),
+        help="numbers are cut into runs of at most this many digits: 2 as nanochat, 3 as GPT-4, 1 (a token per "
+        "digit, as LLaMA) helps a small model with arithmetic",
+    )
     t = tasks.add_parser(
         "stats",
         help="bytes per token on a file, beside GPT-2's and char-level's",

@@ -39,8 +39,8 @@ def _model_source(value: str) -> str | None:
     if value in ("scratch", "resume", *GPT2_NAMES) or os.path.isdir(value):
         return None
     return (
-        f"must be 'scratch', 'resume', one of {', '.join(GPT2_NAMES)}, or a folder holding a Hugging Face GPT-2 or "
-        "NanoChat model (config.json + model.safetensors)"
+        f"must be 'scratch', 'resume', one of {', '.join(GPT2_NAMES)}, or an existing folder: another run's (its "
+        "ckpt.pt: train that run first) or a Hugging Face GPT-2 or NanoChat model's (config.json + model.safetensors)"
     )
 
 
@@ -96,6 +96,12 @@ class TrainConfig(ModelShape):
         "pretrain",
         "'pretrain' (every next token is a target) or 'sft' (supervised fine-tuning on a chat dataset from "
         "`gptforge prepare chat`: the loss on the assistant's tokens only, packed conversations kept apart)",
+    )
+    sft_loss: str = setting(
+        "assistant",
+        "task=sft: the targets trained on: 'assistant' (the chat mask: the assistant's answers and end tokens) or "
+        "'all' (every token of each conversation, user turns and role tokens too: to compare, not to use); the "
+        "val loss and the tasks' accuracy always score the assistant's tokens",
     )
     total_batch_size: int = setting(
         0,
@@ -206,6 +212,7 @@ CHOICES = {  # the one list of each key's accepted values (device, optim and the
     "backend": ("auto", "nccl", "gloo", "mpi", "ucc"),
     "data_loader": ("auto", "random", "sharded", "chat"),
     "task": ("pretrain", "sft"),
+    "sft_loss": ("assistant", "all"),
     "parallel": ("ddp", "fsdp"),
     "lr_schedule": ("cosine", "linear", "constant", "wsd"),
     "optimizer": ("adamw", "muon"),

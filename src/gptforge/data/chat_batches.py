@@ -6,7 +6,8 @@ tokens, padding), each token's position inside its own document (positions resta
 model lets a token see only its own document: packed conversations never attend to each other), and w, what the
 summed loss of the micro-batch's trained targets is multiplied by so that a step's loss is the mean over every
 trained target of the whole step (all micro-batches, all ranks), not a mean of per-micro-batch means. A
-micro-batch with no trained target adds 0 to the loss and to the gradients.
+micro-batch with no trained target adds 0 to the loss and to the gradients. With sft_loss='all' (a comparison, not
+a recipe) every target inside a conversation is trained, user turns and role tokens included, as pretraining would.
 
 Order: every epoch a permutation of the rows (seeded with seed + epoch); step s reads the next accum x world x
 batch rows of it; rank r's micro-step m takes the batch at (m * world_size + r) * batch_size, so a step reads the
@@ -38,6 +39,7 @@ class ChatBatches:
         micro_per_rank: int = 1,
         rank: int = 0,
         world_size: int = 1,
+        train_on: str = "assistant",
     ):
         self.packed = read_packed(folder, split, meta)
         self.rows = len(self.packed)
@@ -50,7 +52,11 @@ class ChatBatches:
             )
         self.batch_size, self.device, self.seed = batch_size, torch.device(device), seed
         self.micro, self.rank, self.world = micro_per_rank, rank, world_size
-        self.trained = np.asarray(self.packed.mask[:, 1:], dtype=np.int64).sum(1)  # trained targets per row
+        self.every_token = train_on == "all"  # sft_loss='all': every target inside a conversation (no mask)
+        if self.every_token:
+            self.trained = np.array([self._in_document(r)[1:].sum() for r in range(self.rows)], dtype=np.int64)
+        else:
+            self.trained = np.asarray(self.packed.mask[:, 1:], dtype=np.int64).sum(1)  # trained targets per row
         self.position = 0  # rows of the epoch order consumed by earlier steps, over all ranks
         self.in_step = 0  # micro-batches of the current step this rank has taken
         self._epoch, self._order = -1, np.zeros(0, dtype=np.int64)
@@ -82,7 +88,10 @@ class ChatBatches:
 
     def _tensors(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         tokens = torch.from_numpy(np.asarray(self.packed.tokens[rows], dtype=np.int64))  # (B, T + 1)
-        mask = torch.from_numpy(np.asarray(self.packed.mask[rows], dtype=np.bool_))
+        if self.every_token:
+            mask = torch.from_numpy(np.stack([self._in_document(r) for r in rows]))
+        else:
+            mask = torch.from_numpy(np.asarray(self.packed.mask[rows], dtype=np.bool_))
         positions = torch.from_numpy(np.stack([self._positions(r) for r in rows]))  # (B, T + 1)
         x, y = tokens[:, :-1], tokens[:, 1:].masked_fill(~mask[:, 1:], -1)  # (B, T) each
         return x.to(self.device), y.to(self.device), positions[:, :-1].to(self.device)
@@ -99,6 +108,12 @@ class ChatBatches:
         index = np.arange(T)
         last_start = np.maximum.accumulate(np.where(starts > 0, index, 0))
         return index - last_start
+
+    def _in_document(self, row: int) -> np.ndarray:
+        """True where a token continues its document: neither a document's first token nor padding."""
+        inside = self._positions(row) > 0
+        inside[min(int(self.packed.row_bounds(row)[-1]), len(inside)) :] = False
+        return inside
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "chat", "position": self.position, "in_step": self.in_step}

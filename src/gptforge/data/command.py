@@ -16,6 +16,7 @@ APPLIES = {
     "block_size": (CHAT_RECIPE,),
     "include": (CHAT_RECIPE,),
     "synthetic_examples": (CHAT_RECIPE,),
+    "synthetic_kinds": (CHAT_RECIPE,),
     "last_turn_only": (CHAT_RECIPE,),
     "chat_format": (CHAT_RECIPE,),
     "text_field": SHARD_RECIPES,
@@ -40,6 +41,7 @@ def prepare_command(
     block_size: int | None = None,
     include: str | None = None,
     synthetic_examples: int | None = None,
+    synthetic_kinds: str | None = None,
     last_turn_only: bool | None = None,
     chat_format: str | None = None,
 ) -> dict[str, Any]:
@@ -54,6 +56,7 @@ def prepare_command(
         block_size=block_size,
         include=include,
         synthetic_examples=synthetic_examples,
+        synthetic_kinds=synthetic_kinds,
         last_turn_only=last_turn_only,
         chat_format=chat_format,
     )
@@ -87,6 +90,7 @@ def prepare_chat_command(
     include: str = "",
     val_fraction: float = 0.05,
     synthetic_examples: int = 20_000,
+    synthetic_kinds: str = "",
     last_turn_only: bool = False,
     chat_format: str | None = None,
 ) -> dict[str, Any]:
@@ -114,4 +118,5 @@ def prepare_chat_command(
         last_turn_only=last_turn_only,
         recipes=recipes,
         synthetic_examples=synthetic_examples,
+        synthetic_kinds=[k for k in synthetic_kinds.split(",") if k] or None,
     )

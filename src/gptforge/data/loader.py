@@ -359,6 +359,7 @@ def make_batches(
     micro_per_rank: int = 1,
     rank: int = 0,
     world_size: int = 1,
+    train_on: str = "assistant",
 ) -> Batches:
     """The loader of one split. Random: offsets from a private generator seeded with `seed`, or with `global_rng`
     from torch's global generator (training: nanoGPT's stream). Sharded: `seed` shuffles the shards per epoch,
@@ -366,7 +367,9 @@ def make_batches(
     if kind == "chat":
         from gptforge.data.chat_batches import ChatBatches
 
-        return ChatBatches(folder, meta, split, batch_size, vocab_size, device, seed, micro_per_rank, rank, world_size)
+        return ChatBatches(
+            folder, meta, split, batch_size, vocab_size, device, seed, micro_per_rank, rank, world_size, train_on
+        )
     if kind == "sharded":
         return ShardedBatches(
             split_files(folder, split, meta),

@@ -66,6 +66,7 @@ def task_accuracy(
     device: str,
     ctx: contextlib.AbstractContextManager | None = None,
     max_new_tokens: int = 48,
+    bar: Any = None,
 ) -> dict[str, Any]:
     """Exact match of greedy answers per task kind and overall, and the share of answers that ended with the
     assistant's end token (rather than running to max_new_tokens or the context's end)."""
@@ -89,9 +90,52 @@ def task_accuracy(
             ended += end in answer
             text = tokenizer.decode(answer[: answer.index(end)] if end in answer else answer)
             right.setdefault(example.kind, []).append(score(example, text))
+            if bar is not None:
+                bar.update(1)
     finally:
         model.train(was_training)
     result: dict[str, Any] = {"acc": sum(sum(v) for v in right.values()) / len(examples), "n": len(examples)}
     result.update({f"acc_{k}": sum(v) / len(v) for k in KINDS if (v := right.get(k))})
     result["ended"] = ended / len(examples)
+    return result
+
+
+def eval_chat(
+    out_dir: str,
+    ckpt: str | None,
+    init_from: str,
+    kinds: str,
+    examples: int,
+    max_new_tokens: int,
+    seed: int,
+    device: str,
+    dtype: str,
+) -> dict[str, Any]:
+    """`gptforge eval chat`: a chat model answers `examples` held-out problems of each synthetic task kind greedily
+    (problems no synthetic training set holds, whatever its seed); prints the exact match per kind, overall, and
+    the share of answers that ended with the assistant's end token."""
+    from gptforge.core.console import log, progress
+    from gptforge.core.errors import UserError
+    from gptforge.infer.chat_model import load_for_inference
+
+    chosen = [k for k in kinds.split(",") if k]
+    unknown = [k for k in chosen if k not in KINDS]
+    if unknown or not chosen:
+        raise UserError(f"--kinds {kinds!r}: unknown kind(s) {unknown or '(none)'}; choose from {','.join(KINDS)}")
+    for flag, value in (("--examples", examples), ("--max_new_tokens", max_new_tokens)):
+        if value <= 0:
+            raise UserError(f"{flag} {value}: give a positive number")
+    loaded = load_for_inference(out_dir, ckpt, init_from, device, dtype)
+    if not loaded.chat:
+        raise UserError(f"{loaded.name} is a base model: eval chat needs a chat model (gptforge train --task=sft)")
+    log(loaded.describe())
+    problems = generate(examples * len(chosen), seed, "held_out", kinds=chosen)
+    bar = progress(len(problems), "eval chat", "ex", mininterval=2.0)
+    result = task_accuracy(
+        loaded.model, loaded.tokenizer, problems, loaded.device, loaded.autocast(), max_new_tokens, bar
+    )
+    bar.close()
+    for kind in chosen:
+        print(f"{kind:<8} exact match {result[f'acc_{kind}']:.3f} ({examples} held-out problems)")
+    print(f"{'all':<8} exact match {result['acc']:.3f}; answers ending with the end token {result['ended']:.3f}")
     return result

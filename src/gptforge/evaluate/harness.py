@@ -103,7 +103,6 @@ def eval_lm_eval(
     names = check_options(tasks, limit, batch_size, num_fewshot, include_path)
     lm_eval = import_lm_eval()
     from lm_eval.tasks import TaskManager
-    from lm_eval.utils import handle_non_serializable, make_table
 
     from gptforge.evaluate.harness_model import GPTForgeLM
 
@@ -137,6 +136,14 @@ def eval_lm_eval(
         if is_offline_error(e):
             raise UserError(f"--tasks {','.join(names)}: {type(e).__name__}: {str(e)[:300]}. {OFFLINE_ROUTE}") from e
         raise
+    report(results, output_path)
+    return results
+
+
+def report(results: dict[str, Any], output_path: str | None) -> None:
+    """lm-eval's tables on stdout; the results as JSON to output_path when given."""
+    from lm_eval.utils import handle_non_serializable, make_table
+
     print(make_table(results), flush=True)
     if results.get("groups"):
         print(make_table(results, "groups"), flush=True)
@@ -144,4 +151,3 @@ def eval_lm_eval(
         with atomic_write(output_path, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=2, default=handle_non_serializable, ensure_ascii=False)
         console.log(f"wrote {output_path}")
-    return results

@@ -31,6 +31,10 @@ SOURCE_HELP = (
     "'resume' (the run in --out_dir), a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl), or a local Hugging Face "
     "folder (GPT-2 or NanoChat, e.g. one `gptforge export` wrote)"
 )
+DTYPE_HELP = (
+    "autocast dtype (auto: bf16/fp16 on CUDA; on a CPU bf16 where the hardware has it, AMX or AVX512-BF16, for "
+    "models 256 wide or more; else float32)"
+)
 
 
 @dataclass
@@ -49,7 +53,7 @@ class SampleArgs:
     stop_token: int = setting(-1, "end a sample when this token id comes (GPT-2's <|endoftext|> is 50256; -1 = never)")
     seed: int = setting(1337, "random seed: the same seed gives the same samples")
     device: str = setting("auto", "cpu, cuda, cuda:N, mps or auto")
-    dtype: str = setting("auto", "autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
+    dtype: str = setting("auto", DTYPE_HELP)
     use_cache: bool = setting(
         True,
         "recompute the whole context at every token instead of using the KV cache (default: the cache is on); the "
@@ -93,4 +97,4 @@ class ChatArgs:
     stop: list[str] | None = setting(None, "end an answer where this text appears (not shown); repeat for several")
     seed: int = setting(1337, "random seed: the same seed, settings and conversation give the same answers")
     device: str = setting("auto", "cpu, cuda, cuda:N, mps or auto")
-    dtype: str = setting("auto", "autocast dtype (auto: bf16/fp16 on CUDA, float32 elsewhere)")
+    dtype: str = setting("auto", DTYPE_HELP)

@@ -19,9 +19,19 @@ from gptforge.tokenizer.specials import BOS, SPECIALS
 # encoding both use the pattern a tokenizer stores. Written without GPT-4's possessive quantifiers: they cut the same
 # pieces here (no alternative can backtrack into a different match), but make tiktoken's regex engine (fancy-regex)
 # run its slow backtracking path, about 25% slower on code; Oniguruma (Hugging Face tokenizers) reads it alike.
-PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+PATTERN_TEMPLATE = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,DIGITS}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
+MAX_DIGITS = 2  # nanochat's; GPT-4's is 3; 1 (every digit its own token, as LLaMA) suits arithmetic in small models
+
+
+def split_pattern(max_digits: int = MAX_DIGITS) -> str:
+    """The split pattern with numbers cut into runs of at most `max_digits` digits."""
+    return PATTERN_TEMPLATE.replace("DIGITS", str(max_digits))
+
+
+PATTERN = split_pattern()
 
 # A tokenizer folder's files
 RANKS_FILE = "tokenizer.tiktoken"  # each ordinary token's bytes (base64) and rank, a line each, as OpenAI's files

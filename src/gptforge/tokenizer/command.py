@@ -9,7 +9,7 @@ from typing import Any
 
 from gptforge.core.console import log
 from gptforge.core.errors import UserError
-from gptforge.tokenizer.bpe import resolve_folder
+from gptforge.tokenizer.bpe import MAX_DIGITS, resolve_folder
 from gptforge.tokenizer.spec import BUILT_IN, named_tokenizer
 from gptforge.tokenizer.train import MAX_CHARS, tokenizer_stats, train_tokenizer
 
@@ -22,10 +22,18 @@ def train_command(
     doc_chars: int | None = None,
     force: bool = False,
     text_field: str = "text",
+    max_digits: int = MAX_DIGITS,
 ) -> str:
     """`gptforge tokenizer train FILE_OR_FOLDER... --vocab_size N --name NAME`: prints the tokenizer's folder."""
     folder = train_tokenizer(
-        list(files), vocab_size, name, max_chars=max_chars, doc_chars=doc_chars, force=force, text_field=text_field
+        list(files),
+        vocab_size,
+        name,
+        max_chars=max_chars,
+        doc_chars=doc_chars,
+        force=force,
+        text_field=text_field,
+        max_digits=max_digits,
     )
     print(folder)
     return folder

@@ -4,10 +4,10 @@
     tokenizer_stats("mine", "held_out.txt")                                 # bytes per token, ours and GPT-2's
 
 The documents of files and folders stream into rustbpe (measured against Hugging Face tokenizers and bpeasy: the
-same merges in about half their time; docs/PERFORMANCE.md), which learns the merges with bpe.PATTERN, the pattern
-the tokenizer then encodes with; memory grows with the distinct text pieces, not with the input's size. The folder
-is assembled under a temporary name and renamed into place, so a failed or interrupted run writes nothing. The CLI
-(`gptforge tokenizer train|stats|encode|decode`) calls these.
+same merges in about half their time; docs/PERFORMANCE.md), which learns the merges with the split pattern
+(bpe.split_pattern) that the tokenizer then stores and encodes with; memory grows with the distinct text pieces,
+not with the input's size. The folder is assembled under a temporary name and renamed into place, so a failed or
+interrupted run writes nothing. The CLI (`gptforge tokenizer train|stats|encode|decode`) calls these.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from gptforge.core.console import log, progress
 from gptforge.core.errors import UserError
 from gptforge.core.files import fsync_path, temp_path
 from gptforge.data.sources import iter_jsonl, iter_parquet
-from gptforge.tokenizer.bpe import GPTFORGE_FILE, PATTERN, BPETokenizer, load_tokenizer
+from gptforge.tokenizer.bpe import GPTFORGE_FILE, MAX_DIGITS, BPETokenizer, load_tokenizer, split_pattern
 from gptforge.tokenizer.spec import BUILT_IN
 from gptforge.tokenizer.specials import SPECIALS
 
@@ -71,21 +71,26 @@ def train_tokenizer(
     doc_chars: int | None = None,
     force: bool = False,
     text_field: str = "text",
+    max_digits: int = MAX_DIGITS,
 ) -> str:
     """Train a byte-level BPE of `vocab_size` ids (the 256 bytes, the learned merges, then the reserved specials) on
-    the text of `paths` and write it to `<out_root>/<name>/`; returns that folder.
+        the text of `paths` and write it to `<out_root>/<name>/`; returns that folder.
 
-    paths: files or folders. .jsonl / .jsonl.gz / .parquet files give one document per record (`text_field`); any
-    other file is one UTF-8 document; a folder gives its files with TEXT_EXTENSIONS or RECORD_EXTENSIONS, sorted,
-    recursively. max_chars caps the characters read in all (None: no cap), doc_chars those of each document.
-    An existing tokenizer folder is replaced only with force=True. Every mistake is a UserError naming the flag or
-    file, raised before anything is written.
+        paths: files or folders. .jsonl / .jsonl.gz / .parquet files give one document per record (`text_field`); any
+        other file is one UTF-8 document; a folder gives its files with TEXT_EXTENSIONS or RECORD_EXTENSIONS, sorted,
+        recursively. max_chars caps the characters read in all (None: no cap), doc_chars those of each document.
+    max_digits: numbers are cut into runs of at most this many digits before merging (bpe.split_pattern).
+        An existing tokenizer folder is replaced only with force=True. Every mistake is a UserError naming the flag or
+        file, raised before anything is written.
     """
     folder = _check_request(paths, vocab_size, name, out_root, max_chars, doc_chars, force)
+    if max_digits not in (1, 2, 3):
+        raise UserError(f"--max_digits {max_digits}: give 1 (a token per digit), 2 (nanochat's) or 3 (GPT-4's)")
+    pattern = split_pattern(max_digits)
     files = input_files(paths)
     corpus = Corpus(files, max_chars, doc_chars, text_field)
     start = time.perf_counter()
-    ranks = _learn_ranks(corpus.documents(), vocab_size - len(SPECIALS))
+    ranks = _learn_ranks(corpus.documents(), vocab_size - len(SPECIALS), pattern)
     seconds = time.perf_counter() - start
     if corpus.chars == 0:
         raise UserError(f"the input holds no text ({corpus.describe()}); give files with text in them")
@@ -95,7 +100,7 @@ def train_tokenizer(
             f"{len(ranks) + len(SPECIALS)} tokens; give more text or a --vocab_size of at most that"
         )
     info = {"trainer": _trainer_info(seconds), "corpus": corpus.summary()}
-    tokenizer = BPETokenizer(ranks, name, PATTERN, info=info)
+    tokenizer = BPETokenizer(ranks, name, pattern, info=info)
     _write_folder(tokenizer, folder)
     log(f"tokenizer {name!r}: {tokenizer.vocab_size} tokens from {corpus.describe()} in {seconds:.1f} s -> {folder}")
     return folder
@@ -274,12 +279,12 @@ def _cut(text: str) -> Iterator[str]:
         yield text
 
 
-def _learn_ranks(documents: Iterator[str], n_ranks: int) -> list[bytes]:
+def _learn_ranks(documents: Iterator[str], n_ranks: int, pattern: str) -> list[bytes]:
     """rustbpe's byte-level BPE on the documents: the 256 bytes, then one token per merge, in rank order."""
     import rustbpe
 
     trainer = rustbpe.Tokenizer()
-    trainer.train_from_iterator(documents, vocab_size=n_ranks, buffer_size=TRAINER_BUFFER, pattern=PATTERN)
+    trainer.train_from_iterator(documents, vocab_size=n_ranks, buffer_size=TRAINER_BUFFER, pattern=pattern)
     pairs = sorted(trainer.get_mergeable_ranks(), key=lambda pair: pair[1])
     assert [rank for _, rank in pairs] == list(range(len(pairs))), "rustbpe's ranks are not 0..n-1"
     return [bytes(token) for token, _ in pairs]

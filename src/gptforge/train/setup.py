@@ -196,7 +196,8 @@ def open_batches(
         rank=env.rank,
         world_size=env.world_size,
     )
-    train_batches = open_split("train", micro_per_rank=env.micro_steps(cfg.gradient_accumulation_steps))
+    micro = env.micro_steps(cfg.gradient_accumulation_steps)
+    train_batches = open_split("train", micro_per_rank=micro, train_on=cfg.sft_loss)
     if cfg.data_loader == "sharded":
 
         def eval_batches() -> dict[str, Batches]:  # each evaluation: the first windows of each split, over the ranks
