@@ -49,14 +49,12 @@ def prepare_chat(
     split_long: bool = True,
     words_file: str | None = None,
 ) -> dict[str, Any]:
-    """Write the chat dataset <data_dir>/<name>/ and return its meta.
-
-    paths: JSONL / JSON files (fmt: 'openai', 'sharegpt', 'alpaca', or None to detect per record); recipes:
-    'chitchat' (the chitchat-dataset package) and 'synthetic' (synthetic_examples train-split tasks of
-    chat/synthetic.py, the kinds of synthetic_kinds in turn (None: every kind once), words from words_file's text
-    or made up). A conversation longer than a row is cut at a turn boundary; split_long (not with last_turn_only)
-    keeps its rest as further documents, each starting with the system message again, else the rest is dropped.
-    seed fixes the synthetic tasks and the row order."""
+    """Write the chat dataset <data_dir>/<name>/ and return its meta. paths: JSONL / JSON files (fmt: 'openai',
+    'sharegpt', 'alpaca', or None to detect per record); recipes: 'chitchat' (the chitchat-dataset package) and
+    'synthetic' (synthetic_examples train-split tasks of chat/synthetic.py, the kinds of synthetic_kinds in turn,
+    None: each once; words from words_file's text or made up). A conversation longer than a row is cut at a turn
+    boundary; split_long (not with last_turn_only) keeps its rest as further documents, each starting with the
+    system message again, else the rest is dropped. seed fixes the synthetic tasks and the row order."""
     _check_options(name, block_size, val_fraction)
     tok = from_spec(tokenizer_spec)
     special_ids = chat_special_ids(tok)
