@@ -54,7 +54,9 @@ class ChatBatches:
         self.micro, self.rank, self.world = micro_per_rank, rank, world_size
         self.every_token = train_on == "all"  # sft_loss='all': every target inside a conversation (no mask)
         if self.every_token:
-            self.trained = np.array([self._in_document(r)[1:].sum() for r in range(self.rows)], dtype=np.int64)
+            self.trained = np.array(
+                [self._in_document(r, self._positions(r))[1:].sum() for r in range(self.rows)], dtype=np.int64
+            )
         else:
             self.trained = np.asarray(self.packed.mask[:, 1:], dtype=np.int64).sum(1)  # trained targets per row
         self.position = 0  # rows of the epoch order consumed by earlier steps, over all ranks
@@ -88,11 +90,14 @@ class ChatBatches:
 
     def _tensors(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         tokens = torch.from_numpy(np.asarray(self.packed.tokens[rows], dtype=np.int64))  # (B, T + 1)
+        rows_positions = [self._positions(r) for r in rows]
         if self.every_token:
-            mask = torch.from_numpy(np.stack([self._in_document(r) for r in rows]))
+            mask = torch.from_numpy(
+                np.stack([self._in_document(r, p) for r, p in zip(rows, rows_positions, strict=True)])
+            )
         else:
             mask = torch.from_numpy(np.asarray(self.packed.mask[rows], dtype=np.bool_))
-        positions = torch.from_numpy(np.stack([self._positions(r) for r in rows]))  # (B, T + 1)
+        positions = torch.from_numpy(np.stack(rows_positions))  # (B, T + 1)
         x, y = tokens[:, :-1], tokens[:, 1:].masked_fill(~mask[:, 1:], -1)  # (B, T) each
         return x.to(self.device), y.to(self.device), positions[:, :-1].to(self.device)
 
@@ -109,9 +114,10 @@ class ChatBatches:
         last_start = np.maximum.accumulate(np.where(starts > 0, index, 0))
         return index - last_start
 
-    def _in_document(self, row: int) -> np.ndarray:
-        """True where a token continues its document: neither a document's first token nor padding."""
-        inside = self._positions(row) > 0
+    def _in_document(self, row: int, positions: np.ndarray) -> np.ndarray:
+        """True where a token continues its document (from the row's `_positions`): neither a document's first
+        token nor padding."""
+        inside = positions > 0
         inside[min(int(self.packed.row_bounds(row)[-1]), len(inside)) :] = False
         return inside
 
