@@ -39,7 +39,7 @@ GROUPS = [
     ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),
     ("train.start", "train.setup", "train.loop"),
     ("bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
-    ("cli.tokenizer_args", "cli.chat_args", "cli.args", "cli.bench_args", "cli.main"),  # the command line
+    ("cli.common_args", "cli.tokenizer_args", "cli.chat_args", "cli.args", "cli.bench_args", "cli.main"),  # the CLI
 ]
 STAGES = ["core", "model", "tokenizer", "chat", "data", "weights", "infer", "evaluate", "train", "bench", "cli"]
 ORDER = [name for group in GROUPS for name in group]
