@@ -133,11 +133,13 @@ def free_port() -> int:
 
 
 class Server:
-    """`gptforge serve ARGS --port 0` in a subprocess (on one thread unless `env` says otherwise); `url` once it
-    listens, its stderr kept in `log`."""
+    """`gptforge serve ARGS --port 0` in a subprocess (on one thread unless `env` says otherwise; decoding eagerly,
+    as `chat -p` does, unless ARGS give --compile); `url` once it listens, its stderr kept in `log`."""
 
     def __init__(self, *args: str, env: dict | None = None, timeout: float = 120):
-        command = [sys.executable, "-m", "gptforge", "serve", "--port=0", "--device=cpu", *map(str, args)]
+        args = tuple(map(str, args))
+        eager = () if any(a.startswith("--compile") for a in args) else ("--compile=off",)
+        command = [sys.executable, "-m", "gptforge", "serve", "--port=0", "--device=cpu", *eager, *args]
         full_env = {**os.environ, **(ONE_THREAD if env is None else env)}
         self.proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=full_env)
         self.log: list[str] = []

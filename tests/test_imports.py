@@ -32,7 +32,7 @@ GROUPS = [
     ("data", "data.sources", "tokenizer.train", "tokenizer.command"),  # documents in (and tokenizers trained on them)
     ("data.chat_batches", "data.loader", "data.prepare", "data.shards", "data.command"),  # datasets in, batches out
     ("weights.checkpoint", "weights.pretrained", "weights.load", "weights.export"),  # weights in and out of files
-    ("infer.options", "infer.engine", "infer.sample"),  # using a model
+    ("infer.options", "infer.engine", "infer.decode", "infer.sample"),  # using a model
     ("infer.textstream", "infer.sampling", "infer.chat_model", "infer.session", "infer.chat_cli"),  # talking to it
     ("infer.batcher", "infer.openai_api", "infer.serve"),  # serving it
     ("evaluate.loss", "evaluate.chat", "evaluate.hellaswag", "evaluate.harness_model", "evaluate.harness"),

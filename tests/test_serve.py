@@ -261,3 +261,30 @@ def test_ctrl_c_drains_the_requests_in_flight_then_exits(tmp_path):
     with pytest.raises(openai.APIConnectionError):
         c.models.list()
     assert not os.path.exists(folder / "serve.lock")
+
+
+def test_a_compiled_server_answers_as_chat_p_does_alone_and_together(chat_server):
+    """--compile=on (the one-token step compiled, rows read over the whole cache): the memorised chat model's greedy
+    answers equal `chat -p`'s, eager and compiled, alone and with every question asked at once."""
+    from gptforge.infer.decode import compiler_missing
+
+    if compiler_missing("cpu"):
+        pytest.skip("no C++ compiler")
+    server = Server(f"--out_dir={chat_server.folder}", "--name=tiny-chat", "--compile=on")
+    try:
+        assert "decode: compiling the one-token step" in "".join(server.log)
+        c = client(server, key="unused")
+
+        def ask(text):
+            messages = [{"role": "user", "content": text}]
+            r = c.chat.completions.create(model="tiny-chat", messages=messages, temperature=0, max_tokens=60)
+            return r.choices[0].message.content
+
+        questions = list(MEMORISED)
+        alone = [ask(q) for q in questions]
+        with concurrent.futures.ThreadPoolExecutor(len(questions)) as pool:
+            together = list(pool.map(ask, questions))
+        assert alone == together == list(MEMORISED.values())
+        assert chat_p(chat_server.folder, "hi", "--max_new_tokens=60", "--compile=on") == MEMORISED["hi"]
+    finally:
+        assert server.stop() == 0, "".join(server.log)

@@ -229,3 +229,27 @@ def test_an_sft_run_resumed_halfway_equals_the_uninterrupted_run(chat_data, tmp_
     a = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_eval_loss_on_a_chat_dataset_is_the_mean_over_its_trained_tokens(chat_data, tmp_path):
+    """`gptforge eval loss` on an SFT run's chat dataset: the summed loss of the trained targets of the batches it
+    draws, over their count (a float64 reference over the same batches), printed to 4 places."""
+    sft = tiny_train_args(chat_data, tmp_path / "sft", dataset="talk", block_size=ROW, max_iters=2, eval_interval=2)
+    r = run_cli("train", *sft, "--task=sft", "--chat_eval_examples=0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("eval", "loss", f"--out_dir={tmp_path / 'sft'}", "--eval_iters=3", "--batch_size=4", "--dtype=float32")
+    assert r.returncode == 0, r.stderr
+    printed = float(r.stdout.split("val loss ")[1].split()[0])
+    assert "on the trained tokens" in r.stdout
+    from gptforge.weights.load import load_model
+
+    model, _, _ = load_model(str(tmp_path / "sft"), None, "resume", "cpu")
+    model = model.double().eval()
+    loader = ChatBatches(str(chat_data / "talk"), read_meta(str(chat_data / "talk")), "val", 4, 50304, "cpu", 1337)
+    total = count = 0.0
+    with torch.no_grad():
+        for _ in range(3):
+            x, y, positions, _ = loader.next_batch()
+            total += model(x, y, positions=positions, reduction="sum")[1].item()
+            count += int((y != -1).sum())
+    assert count > 0 and printed == pytest.approx(total / count, abs=6e-5)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from gptforge.cli.common_args import add_device, add_model_source
 from gptforge.core.config import CHOICES
-from gptforge.infer.options import ChatArgs
+from gptforge.infer.options import COMPILE_CHOICES, COMPILE_HELP, ChatArgs
 
 CHAT_DESCRIPTION = """Talk to a model in the terminal: a chat model (fine-tuned on conversations) answers each
 message, remembering the conversation (kept in the model's KV cache: a turn costs only its own tokens; when it
@@ -36,7 +36,7 @@ def add_chat(sub: argparse._SubParsersAction, formatter: Callable[[str], argpars
         else:
             kind = {"int": int, "float": float}.get(f.type, str)
             metavar = {"ckpt": "PATH", "system": "TEXT"}.get(f.name)
-            choices = CHOICES["dtype"] if f.name == "dtype" else None
+            choices = {"dtype": CHOICES["dtype"], "compile": COMPILE_CHOICES}.get(f.name)
             p.add_argument(f"--{f.name}", type=kind, default=f.default, choices=choices, help=doc, metavar=metavar)
 
 
@@ -69,6 +69,7 @@ def add_serve(sub: argparse._SubParsersAction, formatter: Callable[[str], argpar
     )
     p.add_argument("--max_body_mb", type=float, default=1.0, help="the largest request body, in MiB")
     p.add_argument("--max_messages", type=int, default=256, help="the most messages in one chat request")
+    p.add_argument("--compile", default="auto", choices=COMPILE_CHOICES, help=COMPILE_HELP)
     add_device(p)
 
 

@@ -1,6 +1,5 @@
-"""Measuring a chat model: the loss on the assistant's tokens of a chat dataset (a mean over trained targets, not
-over batches), and the synthetic tasks' exact-match accuracy on held-out problems, answered greedily through the
-generation engine until the assistant's end token."""
+"""Measuring a chat model: the synthetic tasks' exact-match accuracy on held-out problems, answered greedily through
+the generation engine until the assistant's end token (its loss on the assistant's tokens: evaluate/loss.py)."""
 
 from __future__ import annotations
 
@@ -18,34 +17,6 @@ from gptforge.core.distributed import DistEnv
 from gptforge.infer.engine import generate as generate_tokens
 from gptforge.tokenizer.spec import from_spec, tokenizer_spec
 from gptforge.tokenizer.specials import role_tokens
-
-
-@torch.no_grad()
-def estimate_chat_loss(
-    model: torch.nn.Module,
-    loaders: dict[str, Any],
-    eval_iters: int,
-    ctx: contextlib.AbstractContextManager | None = None,
-    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> dict[str, float]:
-    """Per split, the mean loss over every trained target of eval_iters batches (X, Y, P, w): the summed loss over
-    the summed count, each summed over the ranks (`reduce`: a sum across them under DDP)."""
-    was_training = model.training
-    model.eval()
-    out = {}
-    try:
-        for split, loader in loaders.items():
-            total = torch.zeros(2, device=loader.device)  # loss sum, trained targets
-            for _ in range(eval_iters):
-                x, y, positions, _ = loader.next_batch()
-                with ctx or contextlib.nullcontext():
-                    _, loss = model(x, y, positions=positions, reduction="sum")
-                total += torch.stack([loss.float(), (y != -1).sum().float()])
-            total = reduce(total) if reduce else total
-            out[split] = (total[0] / total[1].clamp(min=1)).item()
-    finally:
-        model.train(was_training)
-    return out
 
 
 def chat_task(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Callable[..., dict[str, Any]] | None:

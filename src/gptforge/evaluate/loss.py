@@ -1,5 +1,6 @@
-"""Loss, perplexity and bits per byte: `estimate_loss`, shared by training and `gptforge eval loss` (`eval_loss`, a
-checkpoint's loss on a prepared dataset from seeded batches)."""
+"""Loss, perplexity and bits per byte: `estimate_loss` (and `estimate_chat_loss`, a chat dataset's mean over its
+trained targets), shared by training and `gptforge eval loss` (`eval_loss`, a checkpoint's loss on a prepared dataset
+from seeded batches)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,34 @@ def estimate_loss(
                 sums = torch.stack([nats, n_bytes])
                 nats_sum, bytes_sum = (reduce(sums) if reduce else sums).tolist()
                 out[f"{split}_bpb"] = nats_sum / (math.log(2) * bytes_sum) if bytes_sum > 0 else math.nan
+    finally:
+        model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def estimate_chat_loss(
+    model: torch.nn.Module,
+    loaders: dict[str, Any],
+    eval_iters: int,
+    ctx: contextlib.AbstractContextManager | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """Per split, the mean loss over every trained target of eval_iters batches (X, Y, P, w): the summed loss over
+    the summed count, each summed over the ranks (`reduce`: a sum across them under DDP)."""
+    was_training = model.training
+    model.eval()
+    out = {}
+    try:
+        for split, loader in loaders.items():
+            total = torch.zeros(2, device=loader.device)  # loss sum, trained targets
+            for _ in range(eval_iters):
+                x, y, positions, _ = loader.next_batch()
+                with ctx or contextlib.nullcontext():
+                    _, loss = model(x, y, positions=positions, reduction="sum")
+                total += torch.stack([loss.float(), (y != -1).sum().float()])
+            total = reduce(total) if reduce else total
+            out[split] = (total[0] / total[1].clamp(min=1)).item()
     finally:
         model.train(was_training)
     return out
@@ -122,8 +151,13 @@ def eval_loss(
     }
     dtype = resolve_dtype(dtype, device_type(device), model.config.n_embd)  # train's rule, for this model
     log(f"loss: {iters} batches of {batch} x {block} tokens per split from {folder} on {device} ({dtype})")
-    table = byte_table(tok, model.config.vocab_size, device)
-    losses = estimate_loss(model, loaders, iters, autocast_context(device_type(device), dtype), token_bytes=table)
+    ctx = autocast_context(device_type(device), dtype)
+    if kind == "chat":  # a chat dataset: the mean over the trained (assistant) targets, as SFT evaluates
+        losses = estimate_chat_loss(model, loaders, iters, ctx)
+        for s in splits:
+            print(f"{s} loss {losses[s]:.4f} (ppl {math.exp(min(losses[s], 700)):.2f}) on the trained tokens")
+        return losses
+    losses = estimate_loss(model, loaders, iters, ctx, token_bytes=byte_table(tok, model.config.vocab_size, device))
     for s in splits:
         print(f"{s} loss {losses[s]:.4f} (ppl {math.exp(min(losses[s], 700)):.2f}), bpb {losses[s + '_bpb']:.4f}")
     return losses

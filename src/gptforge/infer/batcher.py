@@ -49,8 +49,8 @@ class SlotCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if len(self.k) <= layer:  # allocated on first use, in the dtype attention produces (autocast's)
             _, nh, _, hs = k.shape
-            self.k.append(k.new_empty(self.slots, nh, self.max_len, hs))
-            self.v.append(v.new_empty(self.slots, nh, self.max_len, hs))
+            self.k.append(k.new_zeros(self.slots, nh, self.max_len, hs))  # zeros: a compiled step reads all
+            self.v.append(v.new_zeros(self.slots, nh, self.max_len, hs))
         K, V = self.k[layer], self.v[layer]
         if self._rows is None:
             s, T = self._slot, k.size(2)
@@ -116,9 +116,12 @@ class Row:
 
 
 class Batcher:
-    """The model's thread: `submit(request)`, `cancel(request)`, `close()` (finishes what was submitted first)."""
+    """The model's loop: `submit(request)`, `cancel(request)`, `close()` (finishes what was submitted first). It runs
+    in a thread of its own, or with thread=False in whichever thread calls `run()`: `gptforge serve` runs it in the
+    main thread, where torch's OpenMP kernels run at full speed (from other threads a small model's step takes
+    1.5-2x as long: measured on 2 cores, docs/PERFORMANCE.md)."""
 
-    def __init__(self, lm: LoadedModel, max_batch: int = 16):
+    def __init__(self, lm: LoadedModel, max_batch: int = 16, thread: bool = True):
         self.lm, self.max_batch = lm, max_batch
         self.cache = SlotCache(lm.model.config.n_layer, max_batch, lm.block_size)
         self.rows: list[Row] = []  # rows[i] lives in slot i
@@ -126,8 +129,10 @@ class Batcher:
         self.cond = threading.Condition()
         self.closing = False
         self.stats = {"steps": 0, "step_tokens": 0, "prefill_tokens": 0, "requests": 0, "max_rows": 0}
-        self.thread = threading.Thread(target=self._run, name="gptforge-batcher", daemon=True)
-        self.thread.start()
+        self.thread = None
+        if thread:
+            self.thread = threading.Thread(target=self.run, name="gptforge-batcher", daemon=True)
+            self.thread.start()
 
     def submit(self, request: Request) -> None:
         assert request.rows <= self.max_batch, "the API checks n and the prompts against max_batch"
@@ -147,17 +152,21 @@ class Batcher:
         with self.cond:
             self.closing = True
             self.cond.notify()
-        self.thread.join(timeout)
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
 
     def snapshot(self) -> dict[str, Any]:
         return {**self.stats, "rows": len(self.rows), "waiting": len(self.waiting)}
 
-    def _run(self) -> None:
+    def run(self, alive: Callable[[], bool] = lambda: True) -> None:
+        """Serve requests until close() and every submitted request is done, or until `alive()` turns False (checked
+        twice a second while idle: the web server's thread died)."""
         with torch.no_grad(), self.lm.autocast():  # autocast is per thread: it is entered here
             while True:
                 with self.cond:
                     while not (self.waiting or self.rows or self.closing):
-                        self.cond.wait()
+                        if not self.cond.wait(0.5) and not alive():
+                            return
                     if self.closing and not self.waiting and not self.rows:
                         return
                     admitted = self._admit()
@@ -218,12 +227,15 @@ class Batcher:
         device = self.lm.device
         tokens = torch.tensor([[r.next_token] for r in rows], device=device)  # (B, 1)
         lengths = torch.tensor([r.length for r in rows], device=device)  # (B,)
-        mask = None
-        if len(rows) > 1:  # each row sees its own keys: those past its length are another row's padding
-            mask = (torch.arange(int(lengths.max()) + 1, device=device) <= lengths[:, None])[:, None, None, :]
-        self.cache.step(lengths)
-        hidden = self.lm.model.hidden_states(tokens, cache=self.cache, positions=lengths[:, None], mask=mask)
-        logits = self.lm.model.logits(hidden[:, -1]).float()[:, : self.lm.vocab]  # (B, V)
+        if self.lm.decode is not None:  # compiled: every cached key read, the mask made inside
+            logits = self.lm.decode(tokens, lengths, self.cache.k, self.cache.v)[:, : self.lm.vocab]
+        else:
+            mask = None
+            if len(rows) > 1:  # each row sees its own keys: those past its length are another row's padding
+                mask = (torch.arange(int(lengths.max()) + 1, device=device) <= lengths[:, None])[:, None, None, :]
+            self.cache.step(lengths)
+            hidden = self.lm.model.hidden_states(tokens, cache=self.cache, positions=lengths[:, None], mask=mask)
+            logits = self.lm.model.logits(hidden[:, -1]).float()[:, : self.lm.vocab]  # (B, V)
         self.stats["steps"] += 1
         self.stats["step_tokens"] += len(rows)
         for row in rows:

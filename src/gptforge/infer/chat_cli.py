@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from gptforge.core.errors import UserError
 from gptforge.core.settings import check_fields
 from gptforge.infer.chat_model import LoadedModel, load_for_inference
+from gptforge.infer.decode import enable_compile
 from gptforge.infer.options import ChatArgs, _temperature, _top_p
 from gptforge.infer.sampling import SamplingParams
 from gptforge.infer.session import Session
@@ -29,6 +30,7 @@ def chat(args: ChatArgs, out=None, err=None) -> None:
     out, err = out or sys.stdout, err or sys.stderr
     check_fields(args)
     lm = load_for_inference(args.out_dir, args.ckpt, args.init_from, args.device, args.dtype)
+    enable_compile(lm, args.compile, slots=1)
     if args.system and not lm.chat:
         raise UserError(f"--system: {lm.name} is a base model (not chat-tuned), which has no system message")
 

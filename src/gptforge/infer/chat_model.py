@@ -36,6 +36,7 @@ class LoadedModel:
     special_ids: dict[str, int] = field(default_factory=dict)
     stop_ids: frozenset[int] = frozenset()  # a sampled one ends the answer (and is not part of it)
     vocab: int = 0  # tokens are drawn from ids below this: the tokenizer's (and the chat tokens'), not padding rows
+    decode: Any = None  # the compiled one-token step (infer/decode.py), or None: eager
 
     def __post_init__(self):
         self.text = TokenText(self.tokenizer, {i: name for name, i in self.specials().items()})

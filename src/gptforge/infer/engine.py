@@ -132,8 +132,8 @@ class Rows:
     `room` says how many more tokens fit (block_size in all: positions past it do not exist for learned
     position tables)."""
 
-    def __init__(self, model: GPT, max_len: int | None = None):
-        self.model = model
+    def __init__(self, model: GPT, max_len: int | None = None, step=None):
+        self.model, self.step = model, step  # step: a compiled one-token step (infer/decode.py) or None
         self.cache = KVCache(model.config.n_layer, max_len or model.config.block_size)
 
     @property
@@ -154,5 +154,10 @@ class Rows:
     def feed(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.size(1) > self.room:
             raise ValueError(f"{idx.size(1)} more tokens do not fit: {self.length} held of {self.cache.max_len}")
+        if self.step is not None and idx.size(1) == 1 and self.cache.position > 0:
+            lengths = torch.full((idx.size(0),), self.cache.position, device=idx.device)
+            logits = self.step(idx, lengths, self.cache.k, self.cache.v)
+            self.cache.advance(1)
+            return logits
         logits, _ = self.model(idx, cache=self.cache)  # (B, 1, V): the last position's
         return logits[:, -1, :].float()

@@ -70,6 +70,17 @@ class SampleArgs:
     )
 
 
+COMPILE_CHOICES = ("auto", "on", "off")
+COMPILE_HELP = (
+    "compile the one-token decode step (torch.compile, once at start: seconds) for more tokens/s: on, off, or auto "
+    "(on where a C++ compiler, or Triton on CUDA, is there; a failure falls back to eager, and says so)"
+)
+
+
+def _compile(value: str) -> str | None:
+    return f"must be one of {', '.join(COMPILE_CHOICES)}" if value not in COMPILE_CHOICES else None
+
+
 def _penalty(value: float) -> str | None:
     return "must be a positive number (1 = off; 1.1-1.3 discourages repeating)" if not 0.0 < value < math.inf else None
 
@@ -98,3 +109,4 @@ class ChatArgs:
     seed: int = setting(1337, "random seed: the same seed, settings and conversation give the same answers")
     device: str = setting("auto", "cpu, cuda, cuda:N, mps or auto")
     dtype: str = setting("auto", DTYPE_HELP)
+    compile: str = setting("off", COMPILE_HELP + "; chat's default is off: it starts at once", _compile)

@@ -14,7 +14,9 @@ import asyncio
 import contextlib
 import hmac
 import json
+import signal
 import socket
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -50,10 +52,18 @@ def _imports():
     return fastapi, uvicorn
 
 
-def build_app(lm: LoadedModel, limits: Limits, api_key: str | None = None, max_batch: int = 16, loopback: bool = True):
-    """The ASGI app; its batcher thread starts now and stops when the app shuts down (uvicorn's lifespan)."""
+def build_app(
+    lm: LoadedModel,
+    limits: Limits,
+    api_key: str | None = None,
+    max_batch: int = 16,
+    loopback: bool = True,
+    thread: bool = True,
+):
+    """The ASGI app. Its batcher stops when the app shuts down (uvicorn's lifespan); it runs in a thread of its own
+    from now on, or with thread=False wherever app.state.batcher.run() is called."""
     fastapi, _ = _imports()
-    batcher = Batcher(lm, max_batch)
+    batcher = Batcher(lm, max_batch, thread)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -325,6 +335,7 @@ def serve(
     max_tokens: int = 0,
     max_body_mb: float = 1.0,
     max_messages: int = 256,
+    compile: str = "auto",
 ) -> None:
     """Load the model, bind, serve until Ctrl-C (which drains: requests in flight finish, new ones are refused)."""
     _, uvicorn = _imports()
@@ -333,22 +344,38 @@ def serve(
             "--max_batch and --max_messages must be at least 1, --max_tokens not negative and --max_body_mb positive"
         )
     lm = load_for_inference(out_dir, ckpt, init_from, device, dtype, name)
+    from gptforge.infer.decode import enable_compile
+
+    enable_compile(lm, compile, slots=max_batch, batch_sizes=(1, 2) if max_batch > 1 else (1,))
     loopback = host in LOOPBACK_HOSTS
     if not loopback and not api_key:
         log(f"warning: --host={host} lets other machines use this model, and no --api_key is set")
     limits = Limits(max_body=int(max_body_mb * (1 << 20)), max_messages=max_messages, max_tokens=max_tokens)
-    app = build_app(lm, limits, api_key, max_batch, loopback)
+    app = build_app(lm, limits, api_key, max_batch, loopback, thread=False)
     sock = bind(host, port)
     url_host = f"[{host}]" if ":" in host else host
     log(f"{lm.describe()}")
-    log(f"serving on http://{url_host}:{sock.getsockname()[1]} (chat page at /, OpenAI API at /v1); Ctrl-C stops")
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=60, access_log=False)
     server = uvicorn.Server(config)
+    web = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gptforge-http", daemon=True)
+    previous = {sig: signal.signal(sig, lambda *_: stop(server)) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn raises the signal again once it has drained
-        pass
+        web.start()
+        log(f"serving on http://{url_host}:{sock.getsockname()[1]} (chat page at /, OpenAI API at /v1); Ctrl-C stops")
+        app.state.batcher.run(alive=web.is_alive)  # the model in the main thread; HTTP in `web`
+        web.join()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     log(f"stopped after {app.state.batcher.stats['requests']} request(s)")
+
+
+def stop(server) -> None:
+    """Ctrl-C or SIGTERM: stop taking requests and drain (uvicorn's graceful shutdown, then the batcher closes with
+    the app); a second Ctrl-C: at once."""
+    if server.should_exit:
+        server.force_exit = True
+    server.should_exit = True
 
 
 def bind(host: str, port: int) -> socket.socket:

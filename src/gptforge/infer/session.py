@@ -41,7 +41,7 @@ class Session:
 
     def __init__(self, lm: LoadedModel, system: str | None = None, notify: Callable[[str], None] = log):
         self.lm, self.notify = lm, notify
-        self.rows = Rows(lm.model)
+        self.rows = Rows(lm.model, step=lm.decode)
         self.prefilled = self.stepped = 0
         self.messages: list[dict[str, str]] = []
         self.ids: list[int] = []  # the conversation's tokens; the cache holds the first rows.length of them

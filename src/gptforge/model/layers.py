@@ -30,8 +30,8 @@ class KVCache:
         """Store k, v (B, nh, T, hs) after the cached ones; return every key and value held (B, nh, L, hs)."""
         B, nh, T, hs = k.shape
         if len(self.k) <= layer:
-            self.k.append(k.new_empty(B, nh, self.max_len, hs))
-            self.v.append(v.new_empty(B, nh, self.max_len, hs))
+            self.k.append(k.new_zeros(B, nh, self.max_len, hs))  # zeros: a compiled step reads whole caches
+            self.v.append(v.new_zeros(B, nh, self.max_len, hs))
         if self.position + T > self.max_len:
             assert self.ring and T == 1, "KV cache overflow: generate() re-prefills before this happens"
             slot = self.position % self.max_len  # the oldest token's place

@@ -14,8 +14,7 @@ import torch
 from gptforge.core.config import TrainConfig
 from gptforge.core.distributed import StopFlag, all_reduce_mean, setup_distributed, step_is_finite, teardown
 from gptforge.core.errors import UserError
-from gptforge.evaluate.chat import estimate_chat_loss
-from gptforge.evaluate.loss import estimate_loss
+from gptforge.evaluate.loss import estimate_chat_loss, estimate_loss
 from gptforge.model.optim import accumulate_gradients, get_lr
 from gptforge.train.metrics import StepTimer
 from gptforge.train.resume import continue_command
