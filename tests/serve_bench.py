@@ -230,6 +230,8 @@ def one_request(url: str, kind: str, rng: random.Random) -> tuple[str, bool, str
         "n": rng.choice([1, 1, 2]),
         "temperature": rng.choice([0, 0.8]),
     }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     if kind == "disconnect":
         body.update(max_tokens=200, n=1)
         with requests.post(f"{url}/v1/completions", json=body, headers=auth, stream=True, timeout=120) as r:
@@ -243,8 +245,10 @@ def one_request(url: str, kind: str, rng: random.Random) -> tuple[str, bool, str
     if not stream:
         answer = r.json()
         return kind, r.status_code == 200 and answer["usage"]["completion_tokens"] == tokens * body["n"], "ok"
-    texts = [line for line in r.iter_lines() if line.startswith(b"data: ")]
-    return kind, r.status_code == 200 and texts[-1] == b"data: [DONE]" and len(texts) > tokens, "ok"
+    texts = [line for line in r.iter_lines() if line.startswith(b"data: ")]  # a token without text sends no chunk
+    usage = json.loads(texts[-2][6:]).get("usage") if len(texts) > 1 else None
+    made = (usage or {}).get("completion_tokens")
+    return kind, r.status_code == 200 and texts[-1] == b"data: [DONE]" and made == tokens * body["n"], f"{made} tokens"
 
 
 def load_test(out_dir: str, count: int, clients: int, dtype: str) -> dict:
@@ -257,6 +261,7 @@ def load_test(out_dir: str, count: int, clients: int, dtype: str) -> dict:
         f"--dtype={dtype}",
         "--name=bench",
         f"--api_key={KEY}",
+        "--compile=auto",  # serve's default
         env={"OMP_NUM_THREADS": str(torch.get_num_threads())},
     )
     rng = random.Random(0)
