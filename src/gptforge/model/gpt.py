@@ -85,7 +85,9 @@ class CausalSelfAttention(nn.Module):
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)  # (T, past + T)
             k, v = cache.update(layer, k, v)  # (B, nh, past + T, hs)
         p = self.dropout if self.training else 0.0
-        if self.fast_dropout and 0.0 < p < 1.0 and causal:
+        if cache is not None and hasattr(cache, "attend"):  # a cache with its own attention (infer/decode.py)
+            y = cache.attend(q, k, v, mask)
+        elif self.fast_dropout and 0.0 < p < 1.0 and causal:
             y = attention_fast_dropout(q, k, v, p)
         else:  # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future
             masked = {"attn_mask": mask} if mask is not None else {}
