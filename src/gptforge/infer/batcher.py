@@ -128,6 +128,7 @@ class Batcher:
         self.waiting: deque[Request] = deque()
         self.cond = threading.Condition()
         self.closing = False
+        self.after_step: Callable[[], None] = lambda: None  # after each step's events: serve delivers them then
         self.stats = {"steps": 0, "step_tokens": 0, "prefill_tokens": 0, "requests": 0, "max_rows": 0}
         self.thread = None
         if thread:
@@ -176,6 +177,7 @@ class Batcher:
                 if self.rows:
                     self._guarded({id(r.request): r.request for r in self.rows}.values(), self._step)
                     self._compact()
+                self.after_step()
 
     def _admit(self) -> list[Request]:
         free, out = self.max_batch - len(self.rows), []

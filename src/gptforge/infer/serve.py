@@ -64,6 +64,8 @@ def build_app(
     from now on, or with thread=False wherever app.state.batcher.run() is called."""
     fastapi, _ = _imports()
     batcher = Batcher(lm, max_batch, thread)
+    mailbox = Mailbox()
+    batcher.after_step = mailbox.flush
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -71,7 +73,7 @@ def build_app(
         batcher.close()
 
     app = fastapi.FastAPI(title="gptforge", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.batcher, app.state.lm = batcher, lm
+    app.state.batcher, app.state.lm, app.state.mailbox = batcher, lm, mailbox
     guard = Guard(loopback, api_key)
     add_error_handlers(app)
     add_api_routes(fastapi, app, lm, batcher, guard, limits)
@@ -166,12 +168,13 @@ async def generate(request, parsed: Parsed, lm: LoadedModel, batcher: Batcher):
             "n",
             "invalid_value",
         )
-    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+    queue, mailbox = asyncio.Queue(), request.app.state.mailbox
+    mailbox.loop = asyncio.get_running_loop()
     job = Request(
         parsed.prompts,
         parsed.params,
         parsed.max_tokens,
-        lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
+        lambda event: mailbox.post(queue, event),
         parsed.n,
         parsed.stop,
         prompt_logprobs=parsed.echo and parsed.params.logprobs is not None,
@@ -190,6 +193,30 @@ async def generate(request, parsed: Parsed, lm: LoadedModel, batcher: Batcher):
     if collector.error:
         raise ApiError(500, collector.error, None, "model_error", "server_error")
     return collector.response()
+
+
+class Mailbox:
+    """Events from the model's thread to the requests' queues on the event loop: those of one model step (a token
+    for each row) are posted, then delivered together after the step, with one wake-up of the loop instead of one per
+    event (each a write to the loop's pipe: 11% of a bf16 step's time with 8 rows, profiled)."""
+
+    def __init__(self):
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.lock, self.pending = threading.Lock(), []
+
+    def post(self, queue: asyncio.Queue, event: Event) -> None:
+        with self.lock:
+            self.pending.append((queue, event))
+
+    def flush(self) -> None:
+        if self.pending and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for queue, event in pending:
+            queue.put_nowait(event)
 
 
 async def collect(request, job: Request, queue: asyncio.Queue, collector: Collector, batcher: Batcher) -> bool:
