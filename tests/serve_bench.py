@@ -251,9 +251,9 @@ def one_request(url: str, kind: str, rng: random.Random) -> tuple[str, bool, str
     return kind, r.status_code == 200 and texts[-1] == b"data: [DONE]" and made == tokens * body["n"], f"{made} tokens"
 
 
-def load_test(out_dir: str, count: int, clients: int, dtype: str) -> dict:
+def load_test(out_dir: str, count: int, clients: int, dtype: str, passes: int = 2) -> dict:
     """count requests from `clients` threads: 60% well-formed (streamed or not, n 1-2), 15% leaving mid-stream, 25%
-    malformed; a warm-up pass first, then the measured pass, then a second one (memory must not keep growing)."""
+    malformed; a warm-up pass first, then `passes` measured passes (memory must not keep growing)."""
     import concurrent.futures
 
     server = Server(
@@ -268,7 +268,7 @@ def load_test(out_dir: str, count: int, clients: int, dtype: str) -> dict:
     kinds = ["good"] * 60 + ["disconnect"] * 15 + [k for k in MALFORMED for _ in range(5)]
     memory, passes = {"idle_kb": rss_kb(server.proc.pid)}, []
     try:
-        for name, n in (("warm-up", clients * 3), ("pass 1", count), ("pass 2", count)):
+        for name, n in (("warm-up", clients * 3), *((f"pass {i + 1}", count) for i in range(passes))):
             plan = [rng.choice(kinds) for _ in range(n)]
             start = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(clients) as pool:
@@ -311,6 +311,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--clients", type=int, default=None)
     p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--passes", type=int, default=2, help="load: measured passes of --requests each (memory must level)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--compile", default="on", help="the engine's and the server's --compile (on, off, auto)")
     p.add_argument("--rounds", type=int, default=3, help="engine and transformers alternate this many times")
@@ -323,7 +324,7 @@ def main() -> None:
             args.out_dir, args.tokens, args.clients or 8, args.dtype, args.compile, args.rounds
         )
     else:
-        result["load"] = load_test(args.out_dir, args.requests, args.clients or 16, args.dtype)
+        result["load"] = load_test(args.out_dir, args.requests, args.clients or 16, args.dtype, args.passes)
     result["machine"]["load_average_after"] = os.getloadavg()
     text = json.dumps(result, indent=2, default=str)
     print(text)
