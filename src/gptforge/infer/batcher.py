@@ -280,6 +280,30 @@ class Batcher:
                 i += 1
 
 
+class Mailbox:
+    """Events from the model's thread to the requests' queues on the event loop: those of one model step (a token
+    for each row) are posted, then delivered together after the step, with one wake-up of the loop instead of one per
+    event (each a write to the loop's pipe: 11% of a bf16 step's time with 8 rows, profiled)."""
+
+    def __init__(self):
+        self.loop: Any = None  # the asyncio event loop the queues belong to
+        self.lock, self.pending = threading.Lock(), []
+
+    def post(self, queue: Any, event: Event) -> None:
+        with self.lock:
+            self.pending.append((queue, event))
+
+    def flush(self) -> None:
+        if self.pending and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for queue, event in pending:
+            queue.put_nowait(event)
+
+
 def _seeded(params: SamplingParams, j: int) -> SamplingParams:
     """Choice j of a seeded request draws from seed + j: n choices differ, and each is reproducible."""
     if params.seed is None or j == 0:
