@@ -26,6 +26,7 @@ from gptforge.core.console import log
 from gptforge.core.errors import UserError
 from gptforge.infer.batcher import Batcher, Event, Mailbox, Request
 from gptforge.infer.chat_model import LoadedModel, decode_with_specials, encode_with_specials, load_for_inference
+from gptforge.infer.decode import enable_compile
 from gptforge.infer.openai_api import ApiError, Collector, Limits, Parsed, parse_chat, parse_completion
 
 STATIC = Path(__file__).parent / "static"
@@ -347,8 +348,6 @@ def serve(
             "--max_batch and --max_messages must be at least 1, --max_tokens not negative and --max_body_mb positive"
         )
     lm = load_for_inference(out_dir, ckpt, init_from, device, dtype, name)
-    from gptforge.infer.decode import enable_compile
-
     enable_compile(lm, compile, slots=max_batch, batch_sizes=(1, 2) if max_batch > 1 else (1,))
     loopback = host in LOOPBACK_HOSTS
     if not loopback and not api_key:
