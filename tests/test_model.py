@@ -121,14 +121,17 @@ def reference_forward(model: GPT, idx: torch.Tensor) -> torch.Tensor:
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + lin(y, p + ".attn.c_proj")
         h = lin(ln(x, p + ".ln_2"), p + ".mlp.c_fc")
-        h = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))  # GPT-2's GELU
+        if cfg.gelu == "tanh":  # GPT-2's GELU
+            h = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+        else:  # the exact GELU (nanoGPT's)
+            h = 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))
         x = x + lin(h, p + ".mlp.c_proj")
     return ln(x, "transformer.ln_f") @ sd["lm_head.weight"].T
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_forward_matches_float64_reference(bias):
-    model = tiny(bias=bias).eval()
+@pytest.mark.parametrize("bias,gelu", [(True, "erf"), (False, "erf"), (True, "tanh")])
+def test_forward_matches_float64_reference(bias, gelu):
+    model = tiny(bias=bias, gelu=gelu).eval()
     with torch.no_grad():  # give LayerNorms and biases non-trivial values so every term is checked
         for name, p in model.named_parameters():
             if "ln" in name or name.endswith("bias"):

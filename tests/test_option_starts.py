@@ -43,6 +43,9 @@ def start(root: Path, how: str, out: Path) -> list[str]:
 
 ROWS = [  # (start, options, exit code, words the output must hold)
     ("scratch", ["--rotary=True", "--optimizer=muon"], 0, ["recipe: model switches on: rotary; optimizer muon"]),
+    ("scratch", ["--gelu=tanh"], 0, ["recipe: model switches on: gelu=tanh"]),  # GPT-2's GELU, not nanoGPT's
+    ("scratch", ["--gelu=sigmoid"], 2, ["--gelu: gelu must be one of erf, tanh; got 'sigmoid'"]),
+    ("resume", ["--gelu=tanh"], 2, ["--gelu=tanh: the run in", "has gelu='erf'", "keeps its shape"]),
     ("resume", ["--n_layer=3"], 2, ["--n_layer=3: the run in", "has n_layer=2"]),
     ("resume", ["--rotary=True"], 2, ["--rotary=True: the run in", "keeps its shape"]),
     ("resume", ["--optimizer=muon"], 2, ["--optimizer=muon:", "holds adamw's optimizer state"]),
@@ -54,6 +57,7 @@ ROWS = [  # (start, options, exit code, words the output must hold)
     ("weights", ["--n_head=4"], 2, ["--n_head=4 (the weights: 2)"]),
     ("weights", ["--n_layer=3"], 2, ["--n_layer=3 (the weights: 2)", "fix the model's shape"]),
     ("weights", ["--rotary=True"], 2, ["--rotary=True (the weights: False)"]),
+    ("weights", ["--gelu=tanh"], 2, ["--gelu='tanh' (the weights: 'erf')"]),  # the export says activation 'gelu'
     ("weights", ["--block_size=16"], 0, ["16 block"]),  # cropped: applies
     ("weights", ["--block_size=64"], 2, ["block_size 64 does not fit", "32 positions"]),
     ("weights", ["--optimizer=muon", "--dropout=0.1"], 0, ["optimizer muon", "dropout 0.1"]),

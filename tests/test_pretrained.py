@@ -64,7 +64,9 @@ def hf_source(tmp_path_factory):
 def test_load_hf_folder_gives_transformers_logits(hf_source):
     hf_model, folder = hf_source
     model, args = load_pretrained(str(folder))
-    assert args == dict(n_layer=2, n_head=2, n_embd=32, block_size=64, bias=True, vocab_size=96, **SWITCHES)  # all off
+    shape = dict(n_layer=2, n_head=2, n_embd=32, block_size=64, bias=True, vocab_size=96)
+    assert args == dict(**shape, gelu="tanh", **SWITCHES)
+    assert model.config.gelu == "tanh"  # GPT-2's gelu_new; every switch off
     assert model.lm_head.weight is model.transformer.wte.weight  # still tied
     assert model.lm_head.weight.dtype == torch.float32 and model.lm_head.weight.requires_grad
     idx = torch.randint(0, 96, (3, 64), generator=torch.Generator().manual_seed(2))
@@ -158,11 +160,10 @@ def test_an_unreachable_hub_fails_fast_through_the_cli(tmp_path):
     assert "Pass --init_from=/path/to/folder holding config.json" in r.stderr  # the probe's message, not the retries'
 
 
-def tiny_gpt(bias: bool, vocab_size: int = 50304, seed: int = 5) -> GPT:
+def tiny_gpt(bias: bool, vocab_size: int = 50304, seed: int = 5, gelu: str = "erf") -> GPT:
     torch.manual_seed(seed)
-    return randomize_(
-        GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=vocab_size, bias=bias)), seed
-    )
+    shape = dict(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=vocab_size, bias=bias, gelu=gelu)
+    return randomize_(GPT(GPTConfig(**shape)), seed)
 
 
 def load_hf(folder):
@@ -181,21 +182,43 @@ def bpe_export(tmp_path_factory):
     return model, folder, notes
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_export_loads_in_transformers_with_the_same_logits(bias, bpe_export, tmp_path):
+@pytest.mark.parametrize("bias,gelu", [(True, "erf"), (False, "erf"), (True, "tanh")])
+def test_export_loads_in_transformers_with_the_same_logits(bias, gelu, bpe_export, tmp_path):
+    """The exact GELU is exported as activation_function 'gelu', GPT-2's tanh form as 'gelu_new'; either reads back
+    into gptforge as it was."""
     if bias:
-        model, folder = tiny_gpt(bias=True), tmp_path / "hf"
+        model, folder = tiny_gpt(bias=True, gelu=gelu), tmp_path / "hf"
         export_hf(model, str(folder), {"tokenizer": "gpt2"})
     else:
         model, folder, notes = bpe_export
         assert any("cut from 50304" in n for n in notes) and any("zeros" in n for n in notes)
     config = json.loads((folder / "config.json").read_text())
     assert config["vocab_size"] == 50257 and config["n_positions"] == 64 and config["eos_token_id"] == 50256
+    assert config["activation_function"] == {"erf": "gelu", "tanh": "gelu_new"}[gelu]
     hf_model = load_hf(folder)
     idx = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(6))
     diff = max_diff(hf_logits(hf_model, idx), gpt_logits(model, idx)[..., :50257])
-    print(f"export bias={bias}: max |logits diff| = {diff:.2e}")
+    print(f"export bias={bias} gelu={gelu}: max |logits diff| = {diff:.2e}")
     assert diff < TOL
+    back, args = load_pretrained(str(folder))
+    assert args["gelu"] == gelu and max_diff(gpt_logits(back.eval(), idx), hf_logits(hf_model, idx)) < TOL
+
+
+def test_an_exact_gelu_gpt2_folder_loads_as_erf(tmp_path):
+    """A Hugging Face GPT-2 with activation_function 'gelu' (the exact GELU, as nanoGPT's model) loads with it."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=96, activation_function="gelu"
+    )
+    hf_model = randomize_(transformers.GPT2LMHeadModel(cfg), seed=1)
+    hf_model.save_pretrained(tmp_path)
+    model, args = load_pretrained(str(tmp_path))
+    assert args["gelu"] == model.config.gelu == "erf"
+    idx = torch.randint(0, 96, (3, 64), generator=torch.Generator().manual_seed(2))
+    assert max_diff(gpt_logits(model.eval(), idx), hf_logits(hf_model, idx)) < TOL
+    tanh = GPT(GPTConfig(**{**args, "gelu": "tanh"})).eval()
+    tanh.load_state_dict(model.state_dict())
+    assert max_diff(gpt_logits(tanh, idx), hf_logits(hf_model, idx)) > TOL  # the other GELU fails the 1e-5 bar
 
 
 def test_exported_tokenizer_is_openais_and_the_pipeline_generates(bpe_export):
@@ -315,8 +338,8 @@ def test_finetune_from_hf_folder_trains_checkpoints_resumes_and_samples(tmp_path
     first = train(load_config(tiny_train_args(tmp_path / "data", tmp_path / "ft", **common)))
     ckpt = load_checkpoint(str(tmp_path / "ft/ckpt.pt"))
     assert ckpt["iter_num"] == 4 and ckpt["model_args"] == dict(
-        n_layer=2, n_head=2, n_embd=32, block_size=32, bias=True, vocab_size=50257, **SWITCHES
-    )
+        n_layer=2, n_head=2, n_embd=32, block_size=32, bias=True, vocab_size=50257, gelu="tanh", **SWITCHES
+    )  # fine-tuning GPT-2's weights keeps its tanh GELU
     config = json.loads((tmp_path / "ft/config.json").read_text())
     assert (config["n_embd"], config["bias"], config["init_from"]) == (32, True, str(folder))
     step0 = [json.loads(x) for x in (tmp_path / "ft/metrics.jsonl").read_text().splitlines()][0]

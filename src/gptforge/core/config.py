@@ -18,7 +18,7 @@ from gptforge.core.config_file import read_config_file
 from gptforge.core.errors import UserError
 from gptforge.core.files import CONFIG
 from gptforge.core.settings import below_one, check_fields, not_negative, positive, sections, setting
-from gptforge.core.shape import ModelShape
+from gptforge.core.shape import GELUS, WAS, ModelShape
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's, on the Hugging Face hub: 124M-1558M
 
@@ -217,6 +217,7 @@ CHOICES = {  # the one list of each key's accepted values (device, optim and the
     "lr_schedule": ("cosine", "linear", "constant", "wsd"),
     "optimizer": ("adamw", "muon"),
     "resume": ("never", "auto"),
+    "gelu": GELUS,
 }
 
 
@@ -358,7 +359,8 @@ def loader_kind(meta: dict[str, Any], choice: str = "auto") -> str:
 
 
 def saved_config(out_dir: str) -> TrainConfig | None:
-    """The settings <out_dir>/config.json records (as train resolved them), or None when there is none."""
+    """The settings <out_dir>/config.json records (as train resolved them), or None when there is none. A model key
+    it lacks (written before the key existed) takes what that run's model had (shape.WAS: gelu 'tanh')."""
     path = os.path.join(out_dir, CONFIG)
     if not os.path.isfile(path):
         return None
@@ -373,4 +375,4 @@ def saved_config(out_dir: str) -> TrainConfig | None:
     if not isinstance(saved, dict):
         raise UserError(f"{path}: not a run's config.json (a JSON object of settings)")
     values = {k: coerce(k, v, path, from_text=False) for k, v in saved.items() if k in FIELDS}
-    return dataclasses.replace(TrainConfig(), **values)
+    return dataclasses.replace(TrainConfig(), **{**WAS, **values})

@@ -1,7 +1,9 @@
 """The model's settings, each written once, here. TrainConfig has them as keys (it derives from ModelShape), GPTConfig
 builds the network from them (it derives from it too), a checkpoint's `model_args` records the `frozen` ones with
 the vocabulary (a resumed model keeps them), and a `switch` is one of the modern recipe's: its default is its off
-value, and with every switch off the model is GPT-2's. No torch here: the config and the dashboard read it."""
+value, and with every switch off the model is nanoGPT's (GPT-2's, with gelu='tanh'). A key a checkpoint may lack
+(written before the key existed) says what such a model had (`was`; nanoGPT's own where that differs). No torch
+here: the config and the dashboard read it."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from gptforge.core.errors import UserError
 from gptforge.core.settings import below_one, not_negative, positive, setting
+
+GELUS = ("erf", "tanh")  # the MLP's GELU: exact (nanoGPT's nn.GELU()) or the tanh approximation (GPT-2's gelu_new)
 
 
 def _shape(default: Any, doc: str, check: Any = None, **meta: Any) -> Any:
@@ -18,8 +23,8 @@ def _shape(default: Any, doc: str, check: Any = None, **meta: Any) -> Any:
 
 
 def _switch(default: Any, doc: str, check: Any = None, **meta: Any) -> Any:
-    """A modern-recipe setting: its default (its off value) gives GPT-2's model; checkpoints without it had it off."""
-    return _shape(default, doc, check, switch=True, **meta)
+    """A modern-recipe setting: its default (its off value) gives nanoGPT's model; checkpoints without it had it off."""
+    return _shape(default, doc, check, switch=True, was=default, **meta)
 
 
 def _positive_float(value: float) -> str | None:
@@ -33,6 +38,13 @@ class ModelShape:
     n_embd: int = _shape(768, "embedding width", positive)
     block_size: int = _shape(1024, "context length in tokens (GPT-2: 1024)", positive)
     bias: bool = _shape(False, "biases in Linear and LayerNorm layers (GPT-2 has them; without is a bit better/faster)")
+    gelu: str = _shape(
+        "erf",
+        "the MLP's GELU: 'erf' (exact: nanoGPT's, faster on CPUs) or 'tanh' (GPT-2's approximation, Hugging Face's "
+        "gelu_new: GPT-2 weights load with it); checkpoints without it: older gptforge's 'tanh', nanoGPT's 'erf'",
+        was="tanh",
+        nanogpt="erf",
+    )
     dropout: float = setting(
         0.0, "dropout probability; 0 for pretraining, 0.1+ for fine-tuning small data (may change on resume)", below_one
     )
@@ -56,6 +68,8 @@ _FIELDS = dataclasses.fields(ModelShape)
 SHAPE_KEYS = tuple(f.name for f in _FIELDS if f.metadata.get("frozen"))  # fixed by the weights
 SWITCHES = {f.name: f.default for f in _FIELDS if f.metadata.get("switch")}  # each switch's off value
 MODEL_ARGS = (*SHAPE_KEYS, "vocab_size")  # a checkpoint's model_args: the shape and the vocabulary
+WAS = {f.name: f.metadata["was"] for f in _FIELDS if "was" in f.metadata}  # a key an older gptforge checkpoint lacks
+NANOGPT_WAS = {**WAS, **{f.name: f.metadata["nanogpt"] for f in _FIELDS if "nanogpt" in f.metadata}}  # nanoGPT's
 
 
 def model_args(settings: Any, vocab_size: int) -> dict[str, Any]:
@@ -63,9 +77,16 @@ def model_args(settings: Any, vocab_size: int) -> dict[str, Any]:
     return {**{k: getattr(settings, k) for k in SHAPE_KEYS}, "vocab_size": vocab_size}
 
 
-def saved_model_args(saved: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's model_args completed: one written before a switch existed (older gptforge, nanoGPT) had it off."""
-    return {k: saved.get(k, SWITCHES[k]) if k in SWITCHES else saved[k] for k in MODEL_ARGS}
+def saved_model_args(saved: dict[str, Any], nanogpt: bool = False) -> dict[str, Any]:
+    """A checkpoint's model_args completed: a key the checkpoint predates takes what its model had (a switch off;
+    gelu 'tanh' in an older gptforge checkpoint, 'erf' in nanoGPT's: `nanogpt`). An unknown gelu is a UserError."""
+    was = NANOGPT_WAS if nanogpt else WAS
+    args = {k: saved[k] if k in saved or k not in was else was[k] for k in MODEL_ARGS}
+    if args["gelu"] not in GELUS:
+        raise UserError(
+            f"model_args gelu={args['gelu']!r} is not one of {', '.join(GELUS)}: not a model gptforge builds"
+        )
+    return args
 
 
 def parameter_count(args: dict[str, Any]) -> tuple[int, int]:

@@ -105,7 +105,9 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = ReLU2() if config.relu2 else nn.GELU(approximate="tanh")  # GPT-2's own ("gelu_new")
+        # gelu 'erf': nanoGPT's exact GELU; 'tanh': GPT-2's approximation, which its weights were trained with
+        approximate = {"erf": "none", "tanh": "tanh"}[config.gelu]
+        self.gelu = ReLU2() if config.relu2 else nn.GELU(approximate=approximate)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = Dropout(config.dropout)
 

@@ -166,9 +166,11 @@ def describe(run: Run, start: Start, malloc: str) -> str:
 
 
 def recipe_line(cfg: TrainConfig) -> str:
-    """One line naming the model switches that are on and the optimizer, when they differ from nanoGPT's model
-    and AdamW; '' otherwise (a nanoGPT command's header reads as before)."""
+    """One line naming the model switches that are on (and GPT-2's tanh GELU) and the optimizer, when they differ
+    from nanoGPT's model and AdamW; '' otherwise (a nanoGPT command's header reads as before)."""
     on = [k if isinstance(v, bool) else f"{k}={getattr(cfg, k)}" for k, v in SWITCHES.items() if getattr(cfg, k) != v]
+    if cfg.gelu != "erf" and not cfg.relu2:  # nanoGPT's MLP has the exact GELU; relu2 has none
+        on.append(f"gelu={cfg.gelu}")
     parts = [f"model switches on: {', '.join(on)}"] if on else []
     if cfg.optimizer == "muon":
         parts.append(

@@ -21,7 +21,7 @@ from gptforge.core.shape import SHAPE_KEYS, model_args, saved_model_args
 from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
 from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 from gptforge.tokenizer.spec import folder_tokenizer, tokenizer_spec
-from gptforge.weights.checkpoint import load_checkpoint, load_model_state, load_resumable
+from gptforge.weights.checkpoint import checkpoint_model_args, load_checkpoint, load_model_state, load_resumable
 
 
 @dataclass
@@ -61,7 +61,7 @@ def find_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start | 
         ckpt, source = resume_checkpoint(cfg, env, meta)
         if ckpt is None:
             return None
-        start = Start(saved_model_args(ckpt["model_args"]), ckpt=ckpt, source=source)
+        start = Start(checkpoint_model_args(ckpt, source), ckpt=ckpt, source=source)
     elif os.path.isfile(os.path.join(cfg.init_from, CKPT)):
         start = run_weights(cfg, env, meta)
     elif cfg.init_from != "scratch":
@@ -111,7 +111,7 @@ def run_weights(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start:
     and tokenizer hold; the optimizer starts fresh, and the iteration count at 0."""
     path = os.path.join(cfg.init_from, CKPT)
     ckpt = load_checkpoint(path, map_location="cpu")
-    args = saved_model_args(ckpt["model_args"])
+    args = checkpoint_model_args(ckpt, path)
     fixed_by_weights(cfg, args, env)
     if ckpt.get("tokenizer") not in (None, tokenizer_spec(meta)):
         raise UserError(

@@ -15,6 +15,7 @@ import torch
 
 from gptforge.core.errors import UserError
 from gptforge.core.files import BEST_CKPT, CKPT, STEP_FILE, atomic_write, step_checkpoint_name  # noqa: F401  (re-exported)
+from gptforge.core.shape import saved_model_args
 
 FORMAT_VERSION = 1
 _PREFIXES = ("_orig_mod.", "module.")  # added by torch.compile and by DDP wrappers
@@ -130,6 +131,15 @@ def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict
         raise UserError(f"{path} is not a gptforge or nanoGPT checkpoint (no 'model' and 'model_args' keys)")
     ckpt["model"] = clean_state_dict(ckpt["model"])
     return ckpt
+
+
+def checkpoint_model_args(ckpt: dict[str, Any], path: str) -> dict[str, Any]:
+    """A checkpoint's model_args completed (shape.saved_model_args): a nanoGPT checkpoint (no format_version) as
+    nanoGPT's model computes (exact GELU), an older gptforge one as gptforge's did then (tanh GELU)."""
+    try:
+        return saved_model_args(ckpt["model_args"], nanogpt="format_version" not in ckpt)
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
 
 
 def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

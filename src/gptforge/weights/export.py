@@ -266,7 +266,7 @@ def _hf_config(model: GPT, vocab_size: int, gen: dict[str, Any], nanochat: bool 
         "n_layer": cfg.n_layer,
         "n_head": cfg.n_head,
         "n_inner": None,
-        "activation_function": "gelu_new",
+        "activation_function": {"erf": "gelu", "tanh": "gelu_new"}[cfg.gelu],  # exact GELU, or GPT-2's tanh form
         "layer_norm_epsilon": 1e-5,
         "resid_pdrop": cfg.dropout,
         "embd_pdrop": cfg.dropout,

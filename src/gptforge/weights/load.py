@@ -8,17 +8,16 @@ from typing import Any
 
 from gptforge.core.console import log
 from gptforge.core.errors import UserError
-from gptforge.core.shape import saved_model_args
 from gptforge.data.loader import read_meta
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.tokenizer.spec import Tokenizer, folder_tokenizer, from_spec
-from gptforge.weights.checkpoint import checkpoint_path, load_checkpoint, load_model_state
+from gptforge.weights.checkpoint import checkpoint_model_args, checkpoint_path, load_checkpoint, load_model_state
 
 
 def load_checkpoint_model(path: str, device: str) -> tuple[GPT, Tokenizer, dict[str, Any]]:
     """A checkpoint file's model (eval mode, on `device`), its tokenizer, and the checkpoint itself."""
     ckpt = load_checkpoint(path, map_location="cpu")
-    model = GPT(GPTConfig(**saved_model_args(ckpt["model_args"]), dropout=0.0))
+    model = GPT(GPTConfig(**checkpoint_model_args(ckpt, path), dropout=0.0))
     load_model_state(model, ckpt["model"], path)
     model.eval().to(device)
     return model, checkpoint_tokenizer(ckpt), ckpt

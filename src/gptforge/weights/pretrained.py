@@ -23,6 +23,9 @@ from gptforge.model.gpt import GPT, GPTConfig
 # what Hugging Face's NanoChatForCausalLM computes; zero_init only changes the start, rope_base and
 # logit_softcap are in its config (export.export_format and _nanochat_args both read it)
 NANOCHAT = {"rotary": True, "rmsnorm": True, "qk_norm": True, "relu2": True, "untie_head": True, "bias": False}
+# Hugging Face's GPT-2 activation_function -> GPT's gelu: OpenAI's GPT-2 is "gelu_new" (the tanh form), an exact-GELU
+# model (nanoGPT's, a gptforge export of one) "gelu"
+HF_GELUS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "erf"}
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored (in, out)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 LOCAL_OPTION = (
@@ -158,7 +161,7 @@ def _gpt2_args(config: dict[str, Any], path: str) -> dict[str, Any]:
         path,
         "GPT-2",
         {
-            "activation_function": (config.get("activation_function", "gelu_new"), ("gelu_new", "gelu_pytorch_tanh")),
+            "activation_function": (config.get("activation_function", "gelu_new"), tuple(HF_GELUS)),
             "layer_norm_epsilon": (config.get("layer_norm_epsilon", 1e-5), (1e-5,)),
             "n_inner": (config.get("n_inner"), (None, 4 * n_embd)),
             "scale_attn_weights": (config.get("scale_attn_weights", True), (True,)),
@@ -167,7 +170,8 @@ def _gpt2_args(config: dict[str, Any], path: str) -> dict[str, Any]:
         },
     )
     names = dict(n_layer="n_layer", n_head="n_head", n_embd="n_embd", block_size="n_positions", vocab_size="vocab_size")
-    return {ours: config[theirs] for ours, theirs in names.items()} | {"bias": True}
+    gelu = HF_GELUS[config.get("activation_function", "gelu_new")]
+    return {ours: config[theirs] for ours, theirs in names.items()} | {"bias": True, "gelu": gelu}
 
 
 def _nanochat_args(config: dict[str, Any], path: str) -> dict[str, Any]:
