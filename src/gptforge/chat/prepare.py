@@ -23,7 +23,7 @@ import numpy as np
 from gptforge.chat.conversations import Conversation, read_chitchat, read_file
 from gptforge.chat.pack import Packed, fill_rows, plan_rows, write_packed
 from gptforge.chat.render import TRAINED_ROLES, chat_special_ids, encode
-from gptforge.chat.synthetic import KINDS, generate, words_from_text
+from gptforge.chat.synthetic import ALL_KINDS, KINDS, generate, words_from_text
 from gptforge.core.console import log
 from gptforge.core.errors import UserError
 from gptforge.tokenizer.spec import from_spec
@@ -85,6 +85,11 @@ def prepare_chat(
         "val_fraction": val_fraction,
         "seed": seed,
         "sources": sources,
+        **(
+            {"synthetic_kinds": [k for k in ALL_KINDS if k in (synthetic_kinds or KINDS)]}
+            if "synthetic" in sources
+            else {}
+        ),
         "untrained": len(conversations) - len(trainable),
         "counts": counts,
     }

@@ -1,7 +1,8 @@
 """Synthetic chat tasks, generated offline and scored exactly: multi-digit arithmetic (3-digit addition is its own
 kind, `add3`), spelling a word letter by letter, counting a letter in a word, recalling a code word several turns
-later, and following a system instruction. Each example carries its exact answer; `score` is exact match after
-stripping whitespace at the ends.
+later, and following a system instruction; and, on request only (`EXTRA_KINDS`), `doc`: a long note of made-up
+words to read and a short question on it, user text unlike any answer (where training on the user's turns costs).
+Each example carries its exact answer; `score` is exact match after stripping whitespace at the ends.
 
 Deterministic for a seed. Every problem has a canonical key (e.g. "add:123+456", the same whatever the wording)
 whose hash puts it in the train or the held-out split, so no held-out problem is ever trained on, not even as the
@@ -21,7 +22,9 @@ from dataclasses import dataclass
 from gptforge.chat.conversations import Conversation, Message
 from gptforge.core.errors import UserError
 
-KINDS = ("add3", "add", "sub", "mul", "spell", "count", "recall", "system")
+KINDS = ("add3", "add", "sub", "mul", "spell", "count", "recall", "system")  # the default mix: each once
+EXTRA_KINDS = ("doc",)  # only when named
+ALL_KINDS = KINDS + EXTRA_KINDS
 SPLITS = ("train", "held_out")
 HELD_OUT_PER_MILLE = 100  # a tenth of all problems is held out
 INSTRUCTIONS = {
@@ -66,7 +69,7 @@ def generate(
         raise UserError(f"unknown synthetic split {split!r}; choose {' or '.join(SPLITS)}")
     unknown = [k for k in kinds if k not in MAKERS]
     if unknown or not kinds:
-        raise UserError(f"unknown synthetic task kinds {unknown or '(none given)'}; choose from {', '.join(KINDS)}")
+        raise UserError(f"unknown synthetic task kinds {unknown or '(none given)'}; choose from {', '.join(ALL_KINDS)}")
     words = list(words) if words else pseudo_words()
     rng = random.Random(f"gptforge-synthetic/{seed}/{split}")
     examples: list[TaskExample] = []
@@ -176,6 +179,28 @@ def _system(rng: random.Random, words: list[str], split: str) -> TaskExample:
     return TaskExample("system", f"system:{instruction}:{question}", messages, answer)
 
 
+def _doc(rng: random.Random, words: list[str], split: str) -> TaskExample:
+    """A note of 40-60 lowercase words (sentences of 5-12) with one word in capitals, and a question: which word
+    is in capitals, or which word ends the note. Long user text of a kind the model never writes."""
+    picked = [rng.choice(words) for _ in range(rng.randint(40, 60))]
+    shout = rng.randrange(len(picked))
+    picked[shout] = picked[shout].upper()
+    sentences, start = [], 0
+    while start < len(picked):
+        end = min(len(picked), start + rng.randint(5, 12))
+        sentences.append(" ".join(picked[start:end]) + rng.choice((".", ".", ".", ",", ";")))
+        start = end
+    note = " ".join(sentences)
+    question, answer = rng.choice(
+        (
+            ("Which word in the note is written in capitals?", picked[shout]),
+            ("What is the last word of the note?", picked[-1]),
+        )
+    )
+    text = f"Read this note.\n\n{note}\n\n{question}"
+    return TaskExample("doc", f"doc:{note}:{question}", _exchange(text, answer), answer)
+
+
 MAKERS: dict[str, Callable[[random.Random, list[str], str], TaskExample]] = {
     "add3": _add3,
     "add": _add,
@@ -185,6 +210,7 @@ MAKERS: dict[str, Callable[[random.Random, list[str], str], TaskExample]] = {
     "count": _count,
     "recall": _recall,
     "system": _system,
+    "doc": _doc,
 }
 
 

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 
 from gptforge import __version__
-from gptforge.chat.synthetic import KINDS
+from gptforge.chat.synthetic import ALL_KINDS, KINDS
 from gptforge.cli.chat_args import add_chat, add_chat_template_options, add_serve
 from gptforge.cli.common_args import add_device, add_model_source
 from gptforge.cli.tokenizer_args import add_tokenizer
@@ -197,7 +197,7 @@ def add_eval_chat(tasks: argparse._SubParsersAction) -> None:
     )
     t.set_defaults(handler="gptforge.evaluate.chat:eval_chat")
     add_model_source(t, "score", "run folder holding ckpt.pt (an SFT run)")
-    t.add_argument("--kinds", default="add3,recall", help="comma-separated task kinds: " + ",".join(KINDS))
+    t.add_argument("--kinds", default="add3,recall", help="comma-separated task kinds: " + ",".join(ALL_KINDS))
     t.add_argument("--examples", type=int, default=200, help="problems per kind")
     t.add_argument("--max_new_tokens", type=int, default=48, help="longest answer generated")
     add_device(t, seed_help="seed choosing the problems")
@@ -319,7 +319,7 @@ def add_chat_prepare(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="KINDS",
         help="chat: the synthetic task kinds, taken in turn; a kind named twice comes twice as often (default: "
-        f"each once: {','.join(KINDS)})",
+        f"each once: {','.join(KINDS)}; also: {','.join(k for k in ALL_KINDS if k not in KINDS)})",
     )
     p.add_argument(
         "--last_turn_only",

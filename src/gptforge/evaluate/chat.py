@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gptforge.chat.render import chat_special_ids, render_prompt
-from gptforge.chat.synthetic import KINDS, generate, score
+from gptforge.chat.synthetic import ALL_KINDS, KINDS, generate, score
 from gptforge.core.config import TrainConfig
 from gptforge.core.distributed import DistEnv
 from gptforge.infer.engine import generate as generate_tokens
@@ -25,7 +25,8 @@ def chat_task(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Callable[
     if cfg.task != "sft" or cfg.chat_eval_examples <= 0 or "synthetic" not in (meta.get("sources") or {}):
         return None
     tokenizer = from_spec(tokenizer_spec(meta))
-    examples = generate(cfg.chat_eval_examples, meta.get("seed", 0), "held_out")
+    kinds = meta.get("synthetic_kinds") or KINDS  # the kinds the dataset was made with (older ones: the default 8)
+    examples = generate(cfg.chat_eval_examples, meta.get("seed", 0), "held_out", kinds=kinds)
     return functools.partial(task_accuracy, tokenizer=tokenizer, examples=examples, device=env.device)
 
 
@@ -66,7 +67,7 @@ def task_accuracy(
     finally:
         model.train(was_training)
     result: dict[str, Any] = {"acc": sum(sum(v) for v in right.values()) / len(examples), "n": len(examples)}
-    result.update({f"acc_{k}": sum(v) / len(v) for k in KINDS if (v := right.get(k))})
+    result.update({f"acc_{k}": sum(v) / len(v) for k in ALL_KINDS if (v := right.get(k))})
     result["ended"] = ended / len(examples)
     return result
 
@@ -90,9 +91,9 @@ def eval_chat(
     from gptforge.infer.chat_model import load_for_inference
 
     chosen = [k for k in kinds.split(",") if k]
-    unknown = [k for k in chosen if k not in KINDS]
+    unknown = [k for k in chosen if k not in ALL_KINDS]
     if unknown or not chosen:
-        raise UserError(f"--kinds {kinds!r}: unknown kind(s) {unknown or '(none)'}; choose from {','.join(KINDS)}")
+        raise UserError(f"--kinds {kinds!r}: unknown kind(s) {unknown or '(none)'}; choose from {','.join(ALL_KINDS)}")
     for flag, value in (("--examples", examples), ("--max_new_tokens", max_new_tokens)):
         if value <= 0:
             raise UserError(f"{flag} {value}: give a positive number")
