@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from gptforge.infer.engine import generate
 from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.model.layers import evaluating
 
 
 def tiny(**kw) -> GPT:
@@ -262,3 +263,14 @@ def test_model_vocab_size_pads_gpt2_bpe_only():
     assert model_vocab_size({"vocab_size": 50257, "tokenizer": "gpt2"}) == 50304
     assert model_vocab_size({"vocab_size": 50304, "tokenizer": "gpt2"}) == 50304
     assert model_vocab_size({"vocab_size": 65, "tokenizer": "char"}) == 65
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_evaluating_gives_eval_mode_and_restores_the_mode_even_on_an_error(training):
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=1, n_embd=8, dropout=0.5)).train(training)
+    with evaluating(model):
+        assert not any(m.training for m in model.modules())
+    assert all(m.training == training for m in model.modules())
+    with pytest.raises(RuntimeError), evaluating(model):
+        raise RuntimeError("an evaluation failing half-way")
+    assert all(m.training == training for m in model.modules())

@@ -27,6 +27,7 @@ from gptforge.core.distributed import setup_distributed, teardown
 from gptforge.core.errors import UserError
 from gptforge.data.loader import DTYPES, dataset_dir, open_tokens, read_meta, split_files
 from gptforge.model.gpt import GPT
+from gptforge.model.layers import evaluating
 from gptforge.tokenizer.spec import from_spec, token_byte_table, tokenizer_spec
 from gptforge.train.loop import apply_lr, train_step
 from gptforge.train.setup import setup
@@ -96,18 +97,14 @@ class HeldOut:
     @torch.no_grad()
     def _window_losses(self, model: GPT, ctx: contextlib.AbstractContextManager, batch_size: int, rows: torch.Tensor):
         """The mean loss per token of each window in `rows` (float64, on the CPU), in eval mode."""
-        was_training = model.training
-        model.eval()
         per_window = []
-        try:
+        with evaluating(model):
             for i in range(0, len(rows), batch_size):
                 x, y = self.x[rows[i : i + batch_size]], self.y[rows[i : i + batch_size]]
                 with ctx:
                     logits = model.logits(model.hidden_states(x))
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
                 per_window.append(loss.view(len(x), -1).mean(1).cpu())
-        finally:
-            model.train(was_training)
         return torch.cat(per_window).double()
 
 

@@ -15,6 +15,7 @@ from gptforge.chat.synthetic import ALL_KINDS, KINDS, generate, score
 from gptforge.core.config import TrainConfig
 from gptforge.core.distributed import DistEnv
 from gptforge.infer.engine import generate as generate_tokens
+from gptforge.model.layers import evaluating
 from gptforge.tokenizer.spec import from_spec, tokenizer_spec
 from gptforge.tokenizer.specials import role_tokens
 
@@ -44,11 +45,9 @@ def task_accuracy(
     assistant's end token (rather than running to max_new_tokens or the context's end)."""
     special_ids = chat_special_ids(tokenizer)
     end = special_ids[role_tokens("assistant")[1]]
-    was_training = model.training
-    model.eval()
     right: dict[str, list[bool]] = {}
     ended = 0
-    try:
+    with evaluating(model):
         for example in examples:
             prompt = render_prompt(example.prompt, tokenizer, special_ids)
             room = model.config.block_size - len(prompt)
@@ -64,8 +63,6 @@ def task_accuracy(
             right.setdefault(example.kind, []).append(score(example, text))
             if bar is not None:
                 bar.update(1)
-    finally:
-        model.train(was_training)
     result: dict[str, Any] = {"acc": sum(sum(v) for v in right.values()) / len(examples), "n": len(examples)}
     result.update({f"acc_{k}": sum(v) / len(v) for k in ALL_KINDS if (v := right.get(k))})
     result["ended"] = ended / len(examples)

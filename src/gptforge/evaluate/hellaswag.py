@@ -21,6 +21,7 @@ from gptforge.core.device import autocast_context, resolve_dtype
 from gptforge.core.distributed import DistEnv, setup_distributed, teardown
 from gptforge.core.errors import UserError
 from gptforge.core.files import download
+from gptforge.model.layers import evaluating
 from gptforge.tokenizer.spec import Tokenizer, from_spec, tokenizer_spec
 from gptforge.weights.load import load_model
 
@@ -200,8 +201,6 @@ def evaluate_hellaswag(
     assert block_size >= 2, "a model needs block_size >= 2 to predict any ending token"
     rendered = [render_example(ex, tokenizer, block_size) for ex in examples[rank::world_size]]
     rendered.sort(key=lambda r: r[0].size(1))  # the counts do not depend on the order
-    was_training = model.training
-    model.eval()
     desc = "hellaswag" if world_size == 1 else f"hellaswag (rank 0's share of {world_size})"
     bar = console.progress(len(rendered), desc, "ex", enabled=progress and rank == 0)
     sharded = _sharded(model)
@@ -211,13 +210,13 @@ def evaluate_hellaswag(
         dummy = [render_example(examples[0], tokenizer, block_size)]  # a forward for the others' sake
         _raw_model(model).unshard()  # the root's own weights (embeddings, head), which hidden_states() reads
     try:
-        counts = _count_share(model, rendered, count, batch_examples, dummy, device, ctx, bar)
+        with evaluating(model):
+            counts = _count_share(model, rendered, count, batch_examples, dummy, device, ctx, bar)
     finally:
         if bar is not None:
             bar.close()
         if sharded:
             _raw_model(model).reshard()
-        model.train(was_training)
     if dist.is_available() and dist.is_initialized():
         counts = counts.to(device)  # NCCL reduces CUDA tensors only
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)

@@ -16,6 +16,7 @@ from gptforge.core.console import log
 from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
 from gptforge.core.errors import UserError
 from gptforge.data.loader import Batches, dataset_dir, make_batches, read_meta
+from gptforge.model.layers import evaluating
 from gptforge.tokenizer.spec import Tokenizer, from_spec, token_byte_table, tokenizer_spec
 from gptforge.weights.load import load_model
 
@@ -33,10 +34,8 @@ def estimate_loss(
     stands for: byte_table) also each split's bits per byte as `<split>_bpb`: the summed loss in nats over ln 2
     times the summed bytes of the target tokens, over the same batches, so runs with different vocabularies
     compare. `reduce` averages across ranks under DDP (the bpb sums are reduced apart, then divided)."""
-    was_training = model.training
-    model.eval()
     out = {}
-    try:
+    with evaluating(model):
         for split, loader in loaders.items():
             total = torch.zeros((), device=loader.device)
             wide = torch.float32 if loader.device.type == "mps" else torch.float64  # MPS has no float64
@@ -56,8 +55,6 @@ def estimate_loss(
                 sums = torch.stack([nats, n_bytes])
                 nats_sum, bytes_sum = (reduce(sums) if reduce else sums).tolist()
                 out[f"{split}_bpb"] = nats_sum / (math.log(2) * bytes_sum) if bytes_sum > 0 else math.nan
-    finally:
-        model.train(was_training)
     return out
 
 
@@ -71,10 +68,8 @@ def estimate_chat_loss(
 ) -> dict[str, float]:
     """Per split, the mean loss over every trained target of eval_iters batches (X, Y, P, w): the summed loss over
     the summed count, each summed over the ranks (`reduce`: a sum across them under DDP)."""
-    was_training = model.training
-    model.eval()
     out = {}
-    try:
+    with evaluating(model):
         for split, loader in loaders.items():
             total = torch.zeros(2, device=loader.device)  # loss sum, trained targets
             for _ in range(eval_iters):
@@ -84,8 +79,6 @@ def estimate_chat_loss(
                 total += torch.stack([loss.float(), (y != -1).sum().float()])
             total = reduce(total) if reduce else total
             out[split] = (total[0] / total[1].clamp(min=1)).item()
-    finally:
-        model.train(was_training)
     return out
 
 

@@ -18,6 +18,7 @@ from gptforge.data.sources import read_txt
 from gptforge.infer.engine import generate, generate_stream
 from gptforge.infer.options import SampleArgs
 from gptforge.model.gpt import GPT
+from gptforge.model.layers import evaluating
 from gptforge.tokenizer.spec import from_spec, tokenizer_spec
 from gptforge.weights.load import load_model
 
@@ -117,11 +118,6 @@ class Sampler:
 
     def sample(self, model: GPT, ctx) -> list[str]:
         idx = torch.tensor([self.prompt] * self.n, dtype=torch.long, device=self.device)  # (n, T)
-        was_training = model.training
-        model.eval()
-        try:
-            with ctx:
-                out = generate(model, idx, self.tokens, temperature=1.0, top_k=50, generator=self.generator)
-        finally:
-            model.train(was_training)
+        with evaluating(model), ctx:
+            out = generate(model, idx, self.tokens, temperature=1.0, top_k=50, generator=self.generator)
         return [self.tok.decode(row.tolist()) for row in out]

@@ -1,13 +1,27 @@
 """The model's parts that are not GPT-2's blocks themselves: the KV cache, dropout with cheap masks, attention
-with dropout, parameter-free RMSNorm and rotary position embeddings. Torch only."""
+with dropout, parameter-free RMSNorm and rotary position embeddings; and `evaluating`, eval mode for a while.
+Torch only."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """The model in eval mode (no dropout) inside the block, back in the mode it had after it, even on an error."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 class KVCache:
