@@ -82,16 +82,7 @@ class Repl:
     def run(self) -> None:
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401  line editing and history for input()
-        while True:
-            try:
-                line = input("you> ")
-            except EOFError:
-                print(file=self.out)
-                return
-            except KeyboardInterrupt:
-                print(file=self.out)
-                self.notify("Ctrl-C stops an answer; /quit or Ctrl-D leaves")
-                continue
+        while (line := self.prompt()) is not None:
             try:
                 if line.startswith("/"):
                     if self.command(line) == "quit":
@@ -100,6 +91,21 @@ class Repl:
                     self.reply(line)
             except UserError as e:
                 self.notify(f"error: {e}")
+
+    def prompt(self) -> str | None:
+        """The next line typed; None at Ctrl-D. Ctrl-C here prints a hint and asks again; more Ctrl-C while the
+        hint prints count as the same one. (A Ctrl-C that lands after the prompt shows but before readline waits
+        for a key is only seen at the next key: CPython's readline.)"""
+        while True:
+            try:
+                return input("you> ")
+            except EOFError:
+                print(file=self.out)
+                return None
+            except KeyboardInterrupt:
+                with interrupt_flag():
+                    print(file=self.out)
+                    self.notify("Ctrl-C stops an answer; /quit or Ctrl-D leaves")
 
     def reply(self, text: str) -> None:
         self.out.write("model> ")
