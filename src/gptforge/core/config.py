@@ -128,6 +128,11 @@ class TrainConfig(ModelShape):
     muon_warmup: int = setting(
         300, "optimizer='muon': steps over which the Muon momentum rises from 0.85 to muon_momentum", not_negative
     )
+    muon_dtype: str = setting(
+        "auto",
+        "optimizer='muon': the dtype of the Newton-Schulz iterations: 'bfloat16', 'float32', or 'auto' (bfloat16 on "
+        "CUDA and on CPUs with bf16 hardware, float32 where it is emulated)",
+    )
     max_bad_steps: int = setting(
         10,
         "a step whose loss or gradient norm is not finite is skipped (weights untouched); "
@@ -216,6 +221,7 @@ CHOICES = {  # the one list of each key's accepted values (device, optim and the
     "parallel": ("ddp", "fsdp"),
     "lr_schedule": ("cosine", "linear", "constant", "wsd"),
     "optimizer": ("adamw", "muon"),
+    "muon_dtype": ("auto", "float32", "bfloat16"),
     "resume": ("never", "auto"),
     "gelu": GELUS,
 }

@@ -27,17 +27,28 @@ QUINTIC = (3.4445, -4.7750, 2.0315)
 CUBIC = (1.5, -0.5, 0.0)  # the classic iteration: converges to the polar factor itself, only more slowly
 
 
-def orthogonalize(g: torch.Tensor, steps: int = 5, coefficients: tuple[float, float, float] = QUINTIC) -> torch.Tensor:
-    """An approximation of the polar factor U V^T of a 2-D matrix g = U S V^T, by `steps` Newton-Schulz steps,
-    in g's dtype (float32 or float64)."""
+def orthogonalize(
+    g: torch.Tensor,
+    steps: int = 5,
+    coefficients: tuple[float, float, float] = QUINTIC,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """An approximation of the polar factor U V^T of a 2-D matrix g = U S V^T, or of each matrix of a stack
+    [k, m, n] (one batched product per iteration), by `steps` Newton-Schulz steps computed in `dtype` (default g's:
+    float32 or float64; bfloat16 where the hardware has it, as modded-nanogpt does). Returned in that dtype."""
     a, b, c = coefficients
-    wide = g.size(0) > g.size(1)
-    x = g.T if wide else g  # iterate on the side with the smaller Gram matrix
-    x = x / (x.norm() + 1e-7)  # Frobenius norm >= spectral norm: every singular value now <= 1
+    wide = g.size(-2) > g.size(-1)
+    x = g.mT if wide else g  # iterate on the side with the smaller Gram matrix
+    norm = x.norm(dim=(-2, -1), keepdim=True, dtype=torch.float32 if dtype == torch.bfloat16 else None)
+    x = (x / (norm + 1e-7)).to(dtype or g.dtype)  # Frobenius norm >= spectral norm: every singular value now <= 1
+    fma = torch.baddbmm if x.dim() == 3 else torch.addmm  # beta * input + alpha * (m1 @ m2), one pass
     for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if wide else x
+        gram = x @ x.mT
+        x = fma(x, fma(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if wide else x
+
+
+NS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -69,9 +80,8 @@ class MuonAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.tensor(0.0)
@@ -79,27 +89,38 @@ class MuonAdamW(torch.optim.Optimizer):
                     if group["kind"] == "adamw":
                         state["exp_avg_sq"] = torch.zeros_like(p)
                 state["step"] += 1
-                if group["kind"] == "muon":
-                    self._muon(p, state, group)
-                else:
+                if group["kind"] != "muon":
                     self._adamw(p, state, group)
+            if group["kind"] == "muon" and params:
+                self._muon(params, group)
         return loss
 
+    def _muon(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+        """The Nesterov momentum of each matrix, orthogonalised (matrices of one shape together, in one stack),
+        scaled to the same update RMS for tall and wide matrices, and stepped along."""
+        ns_dtype = NS_DTYPES[group.get("ns_dtype", "float32")]  # a checkpoint's group from before the key: float32
+        by_shape: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for p in params:
+            momentum = _momentum(self.state[p]["step"].item(), group)
+            buf = self.state[p]["exp_avg"]
+            buf.mul_(momentum).add_(p.grad)
+            direction = p.grad.add(buf, alpha=momentum)  # Nesterov: the gradient plus the momentum it leads to
+            if hasattr(direction, "full_tensor"):  # FSDP: a shard of the matrix on each rank
+                self._apply(p, _orthogonalize_whole(direction, group["ns_steps"], ns_dtype), group)
+            else:
+                by_shape.setdefault(tuple(p.shape), []).append((p, direction))
+        for pairs in by_shape.values():
+            stack = torch.stack([d.float() for _, d in pairs]) if len(pairs) > 1 else pairs[0][1].float()
+            updates = orthogonalize(stack, group["ns_steps"], dtype=ns_dtype)
+            for i, (p, _) in enumerate(pairs):
+                self._apply(p, updates[i] if len(pairs) > 1 else updates, group)
+
     @staticmethod
-    def _muon(p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        warm = min(state["step"].item() / max(group["momentum_warmup"], 1), 1.0)
-        momentum = 0.85 + warm * (group["momentum"] - 0.85) if group["momentum"] > 0.85 else group["momentum"]
-        buf = state["exp_avg"]
-        buf.mul_(momentum).add_(p.grad)
-        direction = p.grad.add(buf, alpha=momentum)  # Nesterov: the gradient plus the momentum it leads to
-        if hasattr(direction, "full_tensor"):  # FSDP: a shard of the matrix on each rank
-            update = _orthogonalize_whole(direction, group["ns_steps"])
-        else:
-            update = orthogonalize(direction.float(), group["ns_steps"]).to(p.dtype)
+    def _apply(p: torch.Tensor, update: torch.Tensor, group: dict[str, Any]) -> None:
         # the same update RMS for tall and wide matrices of the same size
-        update *= max(1.0, p.size(0) / p.size(1)) ** 0.5
+        scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
         p.mul_(1.0 - group["lr"] * group["weight_decay"])
-        p.add_(update, alpha=-group["lr"])
+        p.add_(update.to(p.dtype), alpha=-group["lr"] * scale)
 
     @staticmethod
     def _adamw(p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
@@ -112,13 +133,21 @@ class MuonAdamW(torch.optim.Optimizer):
         p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1.0 - beta1**step))
 
 
-def _orthogonalize_whole(direction: torch.Tensor, steps: int) -> torch.Tensor:
+def _momentum(step: float, group: dict[str, Any]) -> float:
+    """Muon's momentum at a step: rising from 0.85 to the group's over momentum_warmup steps (when above 0.85)."""
+    if group["momentum"] <= 0.85:
+        return group["momentum"]
+    warm = min(step / max(group["momentum_warmup"], 1), 1.0)
+    return 0.85 + warm * (group["momentum"] - 0.85)
+
+
+def _orthogonalize_whole(direction: torch.Tensor, steps: int, dtype: torch.dtype) -> torch.Tensor:
     """Muon's update of a sharded matrix (an FSDP2 DTensor): every rank gathers the whole matrix, orthogonalises
     it (the same arithmetic on every rank, so the same result) and keeps its own shard, as a DTensor placed
     like the parameter. The same update as one process computes, at the price of an all-gather per matrix and
     each rank repeating the iteration."""
     from torch.distributed.tensor import distribute_tensor
 
-    whole = orthogonalize(direction.full_tensor().float(), steps).to(direction.dtype)
+    whole = orthogonalize(direction.full_tensor().float(), steps, dtype=dtype).to(direction.dtype)
     # src_data_rank=None: each rank slices its own copy (all equal), no scatter from rank 0
     return distribute_tensor(whole, direction.device_mesh, direction.placements, src_data_rank=None)

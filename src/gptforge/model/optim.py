@@ -28,8 +28,9 @@ def configure_optimizer(
     Biases and LayerNorm gains are left alone: shrinking them towards zero only hurts. The fused kernel is
     used on CUDA (one launch for all parameters instead of several per tensor).
 
-    muon={'lr': .., 'momentum': .., 'warmup': ..}: the blocks' 2-D matrices go to Muon instead (no weight decay,
-    as the published recipes), in one MuonAdamW; every group carries `lr_scale`, its peak over learning_rate.
+    muon={'lr': .., 'momentum': .., 'warmup': .., 'dtype': 'float32' | 'bfloat16'}: the blocks' 2-D matrices go
+    to Muon instead (no weight decay, as the published recipes; Newton-Schulz in `dtype`), in one MuonAdamW; every
+    group carries `lr_scale`, its peak over learning_rate.
     """
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}  # tied weights appear once
     hidden = {n for n, p in params.items() if muon is not None and p.dim() == 2 and ".h." in f".{n}"}
@@ -55,6 +56,7 @@ def configure_optimizer(
             momentum=muon["momentum"],
             momentum_warmup=int(muon["warmup"]),
             weight_decay=0.0,
+            ns_dtype=muon.get("dtype", "float32"),
         )
     )
     return MuonAdamW(groups)
@@ -64,7 +66,18 @@ def muon_settings(cfg: Any) -> dict[str, float] | None:
     """configure_optimizer's `muon` argument from a TrainConfig: None unless optimizer='muon'."""
     if cfg.optimizer != "muon":
         return None
-    return {"lr": cfg.muon_lr, "momentum": cfg.muon_momentum, "warmup": cfg.muon_warmup}
+    return {"lr": cfg.muon_lr, "momentum": cfg.muon_momentum, "warmup": cfg.muon_warmup, "dtype": muon_dtype(cfg)}
+
+
+def muon_dtype(cfg: Any) -> str:
+    """The Newton-Schulz dtype muon_dtype='auto' stands for: bfloat16 on CUDA and on CPUs with bf16 hardware
+    (AMX or AVX512-BF16), float32 where bf16 is emulated (hundreds of times slower there)."""
+    if cfg.muon_dtype != "auto":
+        return cfg.muon_dtype
+    from gptforge.core.device import cpu_has_fast_bf16, device_type
+
+    kind = device_type(cfg.device)
+    return "bfloat16" if kind == "cuda" or (kind == "cpu" and cpu_has_fast_bf16()) else "float32"
 
 
 SCHEDULES = CHOICES["lr_schedule"]

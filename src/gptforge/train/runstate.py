@@ -55,18 +55,24 @@ def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: 
     return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
 
 
+THIS_RUNS = ("ns_dtype",)  # group settings the resuming run's own options decide, not the checkpoint (muon_dtype)
+
+
 def load_optimizer_state(model, optimizer, ckpt: dict[str, Any], fsdp: bool, path: str) -> None:
     """Resume the optimizer from a checkpoint written by one process / DDP ('torch': states keyed by position) or
     by FSDP ('fqn': keyed by parameter name), in either kind of run: a 'torch' state goes to FSDP through its
     names (`named_optimizer_state`), an 'fqn' one to a plain model through torch's state-dict helpers."""
+    ours = [{k: g[k] for k in THIS_RUNS if k in g} for g in optimizer.param_groups]
     fqn = ckpt.get("optimizer_format") == "fqn"
     if not fqn and not fsdp:
         optimizer.load_state_dict(ckpt["optimizer"])
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    state = ckpt["optimizer"] if fqn else named_optimizer_state(model, optimizer, ckpt["optimizer"], path)
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        state = ckpt["optimizer"] if fqn else named_optimizer_state(model, optimizer, ckpt["optimizer"], path)
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    for group, settings in zip(optimizer.param_groups, ours, strict=True):
+        group.update(settings)
 
 
 def named_optimizer_state(model, optimizer, state: dict[str, Any], path: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from gptforge.evaluate.hellaswag import hellaswag_task
 from gptforge.evaluate.loss import dataset_byte_table
 from gptforge.infer.sample import Sampler
 from gptforge.model.gpt import GPT
-from gptforge.model.optim import configure_optimizer, muon_settings
+from gptforge.model.optim import configure_optimizer, muon_dtype, muon_settings
 from gptforge.tokenizer.spec import tokenizer_spec
 from gptforge.train.checkpointer import Checkpointer
 from gptforge.train.metrics import Metrics, open_outputs
@@ -175,7 +175,8 @@ def recipe_line(cfg: TrainConfig) -> str:
     if cfg.optimizer == "muon":
         parts.append(
             f"optimizer muon (matrices at muon_lr {cfg.muon_lr}, momentum {cfg.muon_momentum} after "
-            f"{cfg.muon_warmup} warm-up steps; AdamW at learning_rate {cfg.learning_rate} for the rest)"
+            f"{cfg.muon_warmup} warm-up steps, Newton-Schulz in {muon_dtype(cfg)}; AdamW at learning_rate "
+            f"{cfg.learning_rate} for the rest)"
         )
     return "recipe: " + "; ".join(parts) + "\n" if parts else ""
 
