@@ -17,7 +17,10 @@ from gptforge.chat.pack import best_fit, fill_rows, pack_documents, plan_rows, r
 from gptforge.chat.prepare import pack_split, prepare_chat
 from gptforge.chat.render import chat_special_ids, render
 from gptforge.chat.synthetic import KINDS, generate, pseudo_words, score, split_of, words_from_text
+from gptforge.core.config import TrainConfig
+from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
+from gptforge.evaluate.chat import chat_task
 from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 from gptforge.tokenizer.specials import gpt2_special_ids
 
@@ -330,6 +333,28 @@ def test_synthetic_kinds_choose_the_tasks_and_their_shares(tmp_path, tiktoken_ca
     rendered = {tuple(render(e.conversation(), tok, IDS)[0]) for e in expected}
     folder = str(tmp_path / "data" / "s")
     assert {tuple(ids) for split in ("train", "val") for ids, _ in documents_of(read_packed(folder, split))} == rendered
+    meta = json.loads((tmp_path / "data" / "s" / "meta.json").read_text())
+    assert meta["synthetic_kinds"] == ["add3", "recall"]
+    asked = chat_task(TrainConfig(task="sft", chat_eval_examples=6), DistEnv(), meta).keywords["examples"]
+    assert [e.kind for e in asked] == ["add3", "recall"] * 3  # SFT's evaluation asks the dataset's kinds
     r = run_cli(*args[:2], "--name=t", *args[3:], "--synthetic_kinds=add3,nope", cwd=tmp_path)
     assert r.returncode == 2 and "unknown synthetic task kinds ['nope']" in r.stderr
     assert not (tmp_path / "data" / "t").exists()
+
+
+def test_doc_notes_hold_their_answer_and_come_only_when_named():
+    """`doc`: a note of 40-60 lowercase words, one of them in capitals, and a question whose one-word answer is that
+    word or the note's last word; held out by problem as the others; not in the default mix."""
+    words = pseudo_words(300)
+    docs = generate(200, seed=5, kinds=["doc"], words=words)
+    assert "doc" not in {e.kind for e in generate(50, seed=5, words=words)}
+    for example in docs:
+        (user,) = example.prompt
+        note, question = user.content.split("\n\n")[1:]
+        said = note.replace(",", " ").replace(";", " ").replace(".", " ").split()
+        assert 40 <= len(said) <= 60 and len([w for w in said if w.isupper()]) == 1
+        expected = next(w for w in said if w.isupper()) if "capitals" in question else said[-1]
+        assert example.answer == expected and split_of(example.key) == "train"
+    assert {"capitals" in e.prompt[0].content for e in docs} == {True, False}
+    held_out = generate(50, seed=5, split="held_out", kinds=["doc"], words=words)
+    assert {e.key for e in held_out}.isdisjoint(e.key for e in docs)
