@@ -97,8 +97,26 @@ class CausalSelfAttention(nn.Module):
 
 
 class ReLU2(nn.Module):
+    """relu(x)^2 (nanochat's and modded-nanogpt's MLP activation), as one autograd step (SquaredReLU)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(x).square()
+        return SquaredReLU.apply(x)
+
+
+class SquaredReLU(torch.autograd.Function):
+    """relu(x)^2 in x's dtype: r * r, not square() (autocast would compute pow in float32 and copy the widest
+    activation of the block twice), keeping only relu(x) for the gradient 2 relu(x)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        r = F.relu(x)
+        ctx.save_for_backward(r)
+        return r * r
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        (r,) = ctx.saved_tensors
+        return (grad * r).mul_(2.0)
 
 
 class MLP(nn.Module):

@@ -72,7 +72,7 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor
 
     torch's own dropout draws one float per element through bernoulli_, 17-25% of a CPU training step with
     dropout 0.2 (docs/PERFORMANCE.md); this makes a quarter of the draws and one comparison, and the
-    mask is applied by a multiplication, the cheapest of the masking ops on a CPU (docs/PERFORMANCE.md).
+    mask is applied by torch.where (docs/PERFORMANCE.md).
     """
     if torch.compiler.is_compiling():  # inductor fuses its own draws into the kernel; random_ would break the graph
         return torch.rand(shape, device=device) >= p
@@ -83,25 +83,47 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor
 
 class Dropout(nn.Dropout):
     """nn.Dropout, or with `fast_dropout` the same rule (zeros with probability p, the rest scaled by 1 / (1 - p)) on
-    keep_mask's cheaper draws. Autograd keeps only the one-byte mask for the backward pass."""
+    keep_mask's cheaper draws. Autograd keeps only the one-byte mask for the backward pass. The mask is applied by
+    torch.where: multiplying by a bool mask converts it to the tensor's dtype first (4x the time in bf16)."""
 
     fast_dropout = False  # GPT.use_fast_dropout sets it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.fast_dropout and self.training and 0.0 < self.p < 1.0):
             return super().forward(x)
-        return (x * keep_mask(x.shape, self.p, x.device)).mul_(1.0 / (1.0 - self.p))
+        return torch.where(keep_mask(x.shape, self.p, x.device), x, 0.0).mul_(1.0 / (1.0 - self.p))
 
 
 def attention_fast_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
     """Causal softmax attention whose probabilities go through keep_mask's dropout: what SDPA's math path does
-    with dropout_p, without its bernoulli draws (SDPA's fused CPU kernel has no dropout). The 1 / (1 - p)
-    scale is applied to the (B, nh, T, hs) output instead of the (B, nh, T, T) probabilities."""
+    with dropout_p, without its bernoulli draws (SDPA's fused CPU kernel has no dropout). The scores (B, nh, T, T)
+    are the big tensor here, so every scaling goes to the smaller ones: 1 / sqrt(hs) to the queries, 1 / (1 - p)
+    to the (B, nh, T, hs) output; under autocast the scores stay in its dtype through the softmax (computed with
+    float accumulation, as SDPA's own kernels do) and the dropout, and SoftmaxDropout passes over them once
+    forward and twice backward."""
     T, S = q.size(-2), k.size(-2)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)
     future = torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(S - T + 1)
-    att = F.softmax(att.masked_fill_(future, float("-inf")), dim=-1)
-    return ((att * keep_mask(att.shape, p, att.device)) @ v).mul_(1.0 / (1.0 - p))
+    with torch.autocast(q.device.type, enabled=False):
+        att = SoftmaxDropout.apply(scores, future, keep_mask(scores.shape, p, scores.device))
+        return (att @ v.to(att.dtype)).mul_(1.0 / (1.0 - p))
+
+
+class SoftmaxDropout(torch.autograd.Function):
+    """softmax(scores with the `future` positions at -inf) with the positions `keep` says False zeroed. Backward
+    keeps the probabilities and the one-byte mask: the masked positions' gradient is the softmax's own zero (their
+    probability is 0), so no masked_fill is needed there, and the dropout's gradient is one torch.where."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, future: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+        ctx.save_for_backward(probs, keep)
+        return torch.where(keep, probs, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
+        probs, keep = ctx.saved_tensors
+        return torch._softmax_backward_data(torch.where(keep, grad, 0.0), probs, -1, probs.dtype), None, None
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
