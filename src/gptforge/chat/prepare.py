@@ -63,12 +63,12 @@ def prepare_chat(
     splits = split_conversations(trainable, val_fraction)
     vocab_size = max(tok.vocab_size, max(special_ids.values()) + 1)
     dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
-    packed: dict[str, Packed] = {}
-    counts: dict[str, dict[str, Any]] = {}
-    for split, convs in splits.items():
-        packed[split], counts[split] = pack_split(
-            convs, tok, special_ids, block_size + 1, last_turn_only, split_long, seed, dtype
-        )
+    done = {
+        s: pack_split(c, tok, special_ids, block_size + 1, last_turn_only, split_long, seed, dtype)
+        for s, c in splits.items()
+    }
+    packed: dict[str, Packed] = {split: rows for split, (rows, _) in done.items()}
+    counts: dict[str, dict[str, Any]] = {split: n for split, (_, n) in done.items()}
     meta = {
         "format": "chat",
         "vocab_size": vocab_size,
@@ -85,11 +85,7 @@ def prepare_chat(
         "val_fraction": val_fraction,
         "seed": seed,
         "sources": sources,
-        **(
-            {"synthetic_kinds": [k for k in ALL_KINDS if k in (synthetic_kinds or KINDS)]}
-            if "synthetic" in sources
-            else {}
-        ),
+        "synthetic_kinds": _kinds_made(synthetic_kinds, sources),
         "untrained": len(conversations) - len(trainable),
         "counts": counts,
     }
@@ -97,6 +93,11 @@ def prepare_chat(
     meta = write_packed(folder, packed, meta)
     _log_summary(folder, meta)
     return meta
+
+
+def _kinds_made(synthetic_kinds: Sequence[str] | None, sources: dict[str, int]) -> list[str] | None:
+    """The synthetic task kinds in the dataset (what SFT's evaluation asks), None without synthetic tasks."""
+    return [k for k in ALL_KINDS if k in (synthetic_kinds or KINDS)] if "synthetic" in sources else None
 
 
 def _check_options(name: str, block_size: int, val_fraction: float) -> None:
