@@ -121,15 +121,20 @@ def test_ctrl_c_stops_the_answer_not_the_program(tmp_path):
     t.send("\x03")  # Ctrl-C, as the terminal sends it: SIGINT to the program
     t.expect(r"\[stopped; the answer so far is kept")
     t.expect("you> ")
-    for _ in range(20):  # at the prompt: a hint, not an exit
+    for _ in range(6):  # at the prompt: a hint, not an exit
         t.send("\x03")  # (one that lands before readline waits for a key is seen at the next key: pressed again)
         with contextlib.suppress(AssertionError):
-            t.expect(r"Ctrl-D leaves", timeout=3)
+            t.expect(r"Ctrl-D leaves", timeout=15)
             break
     else:
-        raise AssertionError(f"no hint after 20 Ctrl-C at the prompt:\n{t.output[-3000:]}")
-    t.send(f"/save {tmp_path / 'c.jsonl'}\n")
-    t.expect(r"\[saved 2 messages")
+        raise AssertionError(f"no hint after 6 Ctrl-C at the prompt:\n{t.output[-3000:]}")
+    for _ in range(3):  # a Ctrl-C pressed twice above and seen late costs one line (a hint instead): typed again
+        t.send(f"/save {tmp_path / 'c.jsonl'}\n")
+        with contextlib.suppress(AssertionError):
+            t.expect(r"\[saved 2 messages", timeout=30)
+            break
+    else:
+        raise AssertionError(f"/save did not answer:\n{t.output[-3000:]}")
     answer = json.loads((tmp_path / "c.jsonl").read_text())["messages"][1]["content"]
     assert 0 < len(answer.split()) and "stopped" not in answer
     t.send("\x04")  # Ctrl-D leaves

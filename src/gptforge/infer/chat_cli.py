@@ -91,11 +91,13 @@ class Repl:
                     self.reply(line)
             except UserError as e:
                 self.notify(f"error: {e}")
+            except KeyboardInterrupt:  # a Ctrl-C seen late: pressed at the prompt, raised once a line was read
+                self.hint()
 
     def prompt(self) -> str | None:
-        """The next line typed; None at Ctrl-D. Ctrl-C here prints a hint and asks again; more Ctrl-C while the
-        hint prints count as the same one. (A Ctrl-C that lands after the prompt shows but before readline waits
-        for a key is only seen at the next key: CPython's readline.)"""
+        """The next line typed; None at Ctrl-D. Ctrl-C here prints a hint and asks again. (A Ctrl-C that lands
+        after the prompt shows but before readline waits for a key is only raised after the next key, CPython's
+        readline: `run` catches it there too.)"""
         while True:
             try:
                 return input("you> ")
@@ -103,9 +105,12 @@ class Repl:
                 print(file=self.out)
                 return None
             except KeyboardInterrupt:
-                with interrupt_flag():
-                    print(file=self.out)
-                    self.notify("Ctrl-C stops an answer; /quit or Ctrl-D leaves")
+                self.hint()
+
+    def hint(self) -> None:
+        with interrupt_flag():  # more Ctrl-C while the hint prints count as the same one
+            print(file=self.out)
+            self.notify("Ctrl-C stops an answer; /quit or Ctrl-D leaves")
 
     def reply(self, text: str) -> None:
         self.out.write("model> ")
