@@ -12,6 +12,7 @@ import select
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,15 @@ class Terminal:
             if not data:
                 raise AssertionError(f"the program ended before {pattern!r}:\n{self.output[-3000:]}")
             self.output += data.decode("utf-8", errors="replace").replace("\r\n", "\n")
+
+    def signal_state(self) -> str:
+        """The program's signal masks and what it waits in (for a failure message)."""
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text().splitlines()
+            wchan = Path(f"/proc/{self.pid}/wchan").read_text()
+        except OSError as e:
+            return f"(no /proc state: {e})"
+        return " ".join(line for line in status if line.startswith("Sig")) + f" wchan={wchan}"
 
     def send(self, text: str) -> None:
         os.write(self.fd, text.encode())
@@ -127,7 +137,7 @@ def test_ctrl_c_stops_the_answer_not_the_program(tmp_path):
             t.expect(r"Ctrl-D leaves", timeout=15)
             break
     else:
-        raise AssertionError(f"no hint after 6 Ctrl-C at the prompt:\n{t.output[-3000:]}")
+        raise AssertionError(f"no hint after 6 Ctrl-C at the prompt:\n{t.output[-3000:]}\n{t.signal_state()}")
     for _ in range(3):  # a Ctrl-C pressed twice above and seen late costs one line (a hint instead): typed again
         t.send(f"/save {tmp_path / 'c.jsonl'}\n")
         with contextlib.suppress(AssertionError):
