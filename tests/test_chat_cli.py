@@ -23,10 +23,11 @@ from conftest import TIKTOKEN_CACHE, need_shared, run_cli
 class Terminal:
     """A command on a pseudo-terminal: `expect(regex)` reads until the output matches, `send(text)` types."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, sigint: signal.Handlers = signal.SIG_DFL):
         env = {**os.environ, **ONE_THREAD, "TERM": "dumb"}
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the command, with the pty as its terminal
+            signal.signal(signal.SIGINT, sigint)  # what the command inherits (SIG_IGN: a background job's)
             os.execvpe(sys.executable, [sys.executable, "-m", "gptforge", *args], env)
         self.output, self.seen = "", 0
 
@@ -121,10 +122,13 @@ def test_a_conversation_with_system_save_and_load(chat_folder, tmp_path):
     assert t.wait() == 0
 
 
-def test_ctrl_c_stops_the_answer_not_the_program(tmp_path):
+@pytest.mark.parametrize("inherited", [signal.SIG_DFL, signal.SIG_IGN], ids=["sigint-default", "sigint-ignored"])
+def test_ctrl_c_stops_the_answer_not_the_program(tmp_path, inherited):
+    """Also when the program inherits SIGINT ignored (started as a background job by a shell without job
+    control): Ctrl-C at the prompt must still give the hint."""
     need_shared(TIKTOKEN_CACHE)
     folder = write_run(tmp_path / "slow", tiny_model(block_size=1024, seed=3), {"tokenizer": "gpt2"}, chat=True)
-    t = Terminal("chat", f"--out_dir={folder}", "--device=cpu", "--max_new_tokens=1000")
+    t = Terminal("chat", f"--out_dir={folder}", "--device=cpu", "--max_new_tokens=1000", sigint=inherited)
     t.expect("you> ")
     t.send("talk forever\n")
     t.expect(r"model> \S+ \S+ \S+")  # the answer is streaming

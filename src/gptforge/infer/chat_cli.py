@@ -82,6 +82,15 @@ class Repl:
     def run(self) -> None:
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401  line editing and history for input()
+        # Ctrl-C at the prompt raises KeyboardInterrupt even when SIGINT came ignored (a job started in the
+        # background by a shell without job control inherits it so; Python then installs no handler of its own)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            self.loop()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def loop(self) -> None:
         while (line := self.prompt()) is not None:
             try:
                 if line.startswith("/"):
