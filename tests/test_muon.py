@@ -85,6 +85,9 @@ def test_muon_dtype_auto_is_bfloat16_where_the_hardware_has_it():
     assert muon_dtype(TrainConfig(muon_dtype="auto", device="cpu")) == (
         "bfloat16" if cpu_has_fast_bf16() else "float32"
     )
+    assert muon_dtype(TrainConfig(muon_dtype="auto", device="auto")) == muon_dtype(
+        TrainConfig(muon_dtype="auto", device="cuda" if torch.cuda.is_available() else "cpu")
+    )
     assert muon_dtype(TrainConfig(muon_dtype="auto", device="cuda")) == "bfloat16"
     for chosen in ("float32", "bfloat16"):
         assert muon_dtype(TrainConfig(muon_dtype=chosen, device="cpu")) == chosen

@@ -74,9 +74,9 @@ def muon_dtype(cfg: Any) -> str:
     (AMX or AVX512-BF16), float32 where bf16 is emulated (hundreds of times slower there)."""
     if cfg.muon_dtype != "auto":
         return cfg.muon_dtype
-    from gptforge.core.device import cpu_has_fast_bf16, device_type
+    from gptforge.core.device import cpu_has_fast_bf16, device_type, resolve_device
 
-    kind = device_type(cfg.device)
+    kind = device_type(resolve_device("auto") if cfg.device == "auto" else cfg.device)  # auto: what it stands for
     return "bfloat16" if kind == "cuda" or (kind == "cpu" and cpu_has_fast_bf16()) else "float32"
 
 
