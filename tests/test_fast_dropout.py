@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gptforge.model import layers
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.layers import Dropout, attention_fast_dropout, keep_mask
 
@@ -30,14 +31,59 @@ def test_keep_mask_keeps_one_minus_p_at_every_position(p):
     assert abs(pairs - (1 - p) ** 2) < 2 * tolerance
 
 
-def test_keep_mask_follows_torchs_seed():
-    shape = torch.Size([8, 1000])
+@pytest.mark.parametrize("shape", [torch.Size([8, 1000]), torch.Size([4, 6, 128, 128])], ids=["one-stream", "streams"])
+def test_keep_mask_follows_torchs_seed(shape):
+    """Small masks come from torch's generator directly, large ones (layers.PARALLEL_WORDS and up) from
+    MASK_STREAMS generators seeded by it: either way torch's seed and saved state decide the mask."""
     torch.manual_seed(3)
     a = keep_mask(shape, 0.2, torch.device("cpu"))
     torch.manual_seed(3)
     b = keep_mask(shape, 0.2, torch.device("cpu"))
+    state = torch.get_rng_state()
     c = keep_mask(shape, 0.2, torch.device("cpu"))
-    assert torch.equal(a, b) and not torch.equal(b, c)
+    torch.set_rng_state(state)  # what a resumed run does
+    d = keep_mask(shape, 0.2, torch.device("cpu"))
+    assert torch.equal(a, b) and not torch.equal(b, c) and torch.equal(c, d)
+
+
+def test_large_masks_are_the_same_on_any_number_of_threads():
+    n = 4 * layers.PARALLEL_WORDS * 3  # 16 bits an element: three times the threshold's 64-bit words
+    threads = torch.get_num_threads()
+    masks = []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            torch.manual_seed(11)
+            masks.append(keep_mask(torch.Size([n]), 0.3, torch.device("cpu")))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(masks[0], mask) for mask in masks[1:])
+    # the streams are not copies of each other
+    parts = masks[0].tensor_split(layers.MASK_STREAMS)
+    assert not any(torch.equal(parts[0][:1000], part[:1000]) for part in parts[1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_as_ones_is_the_masks_conversion(dtype):
+    keep = torch.rand(3, 1001, generator=torch.Generator().manual_seed(0)) < 0.6
+    ones = layers.as_ones(keep, dtype)
+    assert ones.dtype == dtype and torch.equal(ones, keep.to(dtype))
+
+
+def test_fast_dropout_in_bf16_rounds_like_torchs_dropout():
+    """The same rule in bfloat16: x kept or 0, times 1 / (1 - p) computed in float and rounded once."""
+    p = 0.05
+    layer = Dropout(p)
+    layer.fast_dropout = True
+    x = torch.randn(16, 4096, generator=torch.Generator().manual_seed(2)).bfloat16().requires_grad_()
+    torch.manual_seed(1)
+    y = layer(x)
+    torch.manual_seed(1)
+    keep = keep_mask(x.shape, p, x.device)
+    assert torch.equal(y, (x.detach().float() * keep / (1 - p)).bfloat16())
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(3)).bfloat16()
+    y.backward(grad)
+    assert torch.equal(x.grad, (grad.float() * keep / (1 - p)).bfloat16())
 
 
 def test_fast_dropout_is_the_dropout_rule_on_its_mask_with_gradients():

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn as nn
@@ -66,32 +68,114 @@ class KVCache:
         return min(self.position, self.max_len)
 
 
+MASK_STREAMS = 8  # a large mask's draws come from this many generators, on any number of threads: the same mask
+PARALLEL_WORDS = 1 << 16  # below this many 64-bit draws, one stream: handing work to a thread costs more than it saves
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (process id, workers, pool): remade after a fork
+
+
+def _workers() -> ThreadPoolExecutor | None:
+    """The threads that draw a mask's streams side by side (as many as torch's intra-op threads, at most
+    MASK_STREAMS), or None with one thread."""
+    global _pool
+    workers = min(torch.get_num_threads(), MASK_STREAMS)
+    if workers < 2:
+        return None
+    if _pool is None or _pool[:2] != (os.getpid(), workers):
+        _pool = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="gptforge-mask"))
+    return _pool[2]
+
+
+def random_words(n: int, device: torch.device) -> torch.Tensor:
+    """n random 64-bit words from torch's generator (seeded and checkpointed like the rest of its random state).
+
+    On a CPU torch draws them on one core (2-core machines: ~4 ns a word, 6% of a baby-GPT step with dropout
+    0.2). A large draw takes MASK_STREAMS seeds from torch's generator instead and fills each of MASK_STREAMS
+    slices from a generator of its own, on threads side by side (torch lets go of Python's lock while it draws):
+    the words depend on torch's generator and n only, never on the number of threads."""
+    words = torch.empty(n, dtype=torch.int64, device=device)
+    if words.device.type != "cpu" or n < PARALLEL_WORDS:
+        return words.random_(-(2**63), 2**63 - 1)
+    seeds = torch.empty(MASK_STREAMS, dtype=torch.int64).random_(0, 2**63 - 1).tolist()
+
+    def draw(part: int) -> None:
+        generator = torch.Generator().manual_seed(seeds[part])
+        slices[part].random_(-(2**63), 2**63 - 1, generator=generator)
+
+    slices = words.tensor_split(MASK_STREAMS)
+    pool = _workers()
+    if pool is None:
+        for part in range(MASK_STREAMS):
+            draw(part)
+    else:
+        list(pool.map(draw, range(MASK_STREAMS)))
+    return words
+
+
 def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
     """A bool mask of `shape`, False with probability p (to 1/65536): 16 random bits per element, four from each
-    64-bit draw of torch's generator (seeded and checkpointed like the rest of torch's random state).
+    64-bit word of random_words.
 
     torch's own dropout draws one float per element through bernoulli_, 17-25% of a CPU training step with
-    dropout 0.2 (docs/PERFORMANCE.md); this makes a quarter of the draws and one comparison, and the
-    mask is applied by torch.where (docs/PERFORMANCE.md).
+    dropout 0.2 (docs/PERFORMANCE.md); this makes a quarter of the draws, on every core, and one comparison,
+    and the mask is applied by torch.where (docs/PERFORMANCE.md).
     """
     if torch.compiler.is_compiling():  # inductor fuses its own draws into the kernel; random_ would break the graph
         return torch.rand(shape, device=device) >= p
     n = math.prod(shape)
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), 2**63 - 1)
+    words = random_words((n + 3) // 4, device)
     return words.view(torch.int16)[:n].view(shape) >= round(p * 65536) - 32768
+
+
+# the bits of 1.0 in each floating dtype, as the signed integer of its size (for as_ones)
+ONE_BITS = {
+    dtype: torch.ones((), dtype=dtype).view(ints).item()
+    for dtype, ints in (
+        (torch.float16, torch.int16),
+        (torch.bfloat16, torch.int16),
+        (torch.float32, torch.int32),
+        (torch.float64, torch.int64),
+    )
+}
+SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_ones(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bool mask as 1.0 / 0.0 of `dtype`, made with integer arithmetic (each byte times the bits of 1.0).
+    On CPUs torch.where(keep, x, 0), masked_fill and a bool's conversion to a float type are single-pass
+    kernels 3-7x the time of this and one multiplication (docs/PERFORMANCE.md)."""
+    ints = SAME_SIZE_INT[dtype.itemsize]
+    return keep.view(torch.uint8).to(ints).mul_(ONE_BITS[dtype]).view(dtype)
+
+
+class MaskedScale(torch.autograd.Function):
+    """x times `scale` where keep is True, 0 elsewhere (dropout on a drawn mask); backward keeps the one-byte mask
+    only. Multiplied by as_ones, then by the scale (1 / (1 - p) in float arithmetic, rounded once, as before)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:  # noqa: ANN001
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return (x * as_ones(keep, x.dtype)).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
+        (keep,) = ctx.saved_tensors
+        return (grad * as_ones(keep, grad.dtype)).mul_(ctx.scale), None, None
 
 
 class Dropout(nn.Dropout):
     """nn.Dropout, or with `fast_dropout` the same rule (zeros with probability p, the rest scaled by 1 / (1 - p)) on
-    keep_mask's cheaper draws. Autograd keeps only the one-byte mask for the backward pass. The mask is applied by
-    torch.where: multiplying by a bool mask converts it to the tensor's dtype first (4x the time in bf16)."""
+    keep_mask's cheaper draws, applied by MaskedScale (autograd keeps only the one-byte mask)."""
 
     fast_dropout = False  # GPT.use_fast_dropout sets it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.fast_dropout and self.training and 0.0 < self.p < 1.0):
             return super().forward(x)
-        return torch.where(keep_mask(x.shape, self.p, x.device), x, 0.0).mul_(1.0 / (1.0 - self.p))
+        keep = keep_mask(x.shape, self.p, x.device)
+        if torch.compiler.is_compiling():  # inductor fuses the select itself
+            return torch.where(keep, x, 0.0).mul_(1.0 / (1.0 - self.p))
+        return MaskedScale.apply(x, keep, 1.0 / (1.0 - self.p))
 
 
 def attention_fast_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
@@ -100,30 +184,32 @@ def attention_fast_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p:
     are the big tensor here, so every scaling goes to the smaller ones: 1 / sqrt(hs) to the queries, 1 / (1 - p)
     to the (B, nh, T, hs) output; under autocast the scores stay in its dtype through the softmax (computed with
     float accumulation, as SDPA's own kernels do) and the dropout, and SoftmaxDropout passes over them once
-    forward and twice backward."""
+    forward and twice backward, masks as additions and multiplications (no where / masked_fill)."""
     T, S = q.size(-2), k.size(-2)
     scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)
-    future = torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(S - T + 1)
+    future = torch.zeros(T, S, dtype=scores.dtype, device=q.device)
+    future.masked_fill_(torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(S - T + 1), float("-inf"))
     with torch.autocast(q.device.type, enabled=False):
         att = SoftmaxDropout.apply(scores, future, keep_mask(scores.shape, p, scores.device))
         return (att @ v.to(att.dtype)).mul_(1.0 / (1.0 - p))
 
 
 class SoftmaxDropout(torch.autograd.Function):
-    """softmax(scores with the `future` positions at -inf) with the positions `keep` says False zeroed. Backward
-    keeps the probabilities and the one-byte mask: the masked positions' gradient is the softmax's own zero (their
-    probability is 0), so no masked_fill is needed there, and the dropout's gradient is one torch.where."""
+    """softmax(scores + future) (future: 0, or -inf where a query may not look) with the positions `keep` says False
+    zeroed. Backward keeps the probabilities and the one-byte mask: the future positions' gradient is the softmax's
+    own zero (their probability is 0), and the dropout's gradient is one multiplication by the mask."""
 
     @staticmethod
     def forward(ctx, scores: torch.Tensor, future: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+        probs = torch.softmax(scores + future, dim=-1)
         ctx.save_for_backward(probs, keep)
-        return torch.where(keep, probs, 0.0)
+        return probs * as_ones(keep, probs.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
         probs, keep = ctx.saved_tensors
-        return torch._softmax_backward_data(torch.where(keep, grad, 0.0), probs, -1, probs.dtype), None, None
+        dropped = grad * as_ones(keep, grad.dtype)
+        return torch._softmax_backward_data(dropped, probs, -1, probs.dtype), None, None
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -149,6 +235,34 @@ def rotary_angles(positions: torch.Tensor, head_size: int, base: float) -> tuple
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each pair (x[i], x[i + hs/2]) of x (B, nh, T, hs) by its position's angle, nanochat's way round:
     (a, b) -> (a cos + b sin, b cos - a sin). q.k then depends on the positions' difference only."""
-    a, b = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((a * cos + b * sin, b * cos - a * sin), dim=-1)
+    if torch.compiler.is_compiling():  # inductor fuses the expression itself
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat((a * cos + b * sin, b * cos - a * sin), dim=-1)
+    return Rotary.apply(x, cos, sin)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary's rotation written into one new tensor: four passes (a product, then a fused multiply-add, for
+    each half) instead of eight and a concatenation."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    a, b = x.chunk(2, dim=-1)
+    first, second = out.chunk(2, dim=-1)
+    torch.mul(a, cos, out=first).addcmul_(b, sin)
+    torch.mul(b, cos, out=second).addcmul_(a, sin, value=-1.0)
+    return out
+
+
+class Rotary(torch.autograd.Function):
+    """apply_rotary as one autograd step: a rotation is linear, so backward needs only cos and sin (not x) and
+    is the rotation by the opposite angles."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        ctx.save_for_backward(cos, sin)
+        return rotate(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
+        cos, sin = ctx.saved_tensors
+        return rotate(grad, cos, -sin), None, None
