@@ -19,7 +19,7 @@ from gptforge.model.layers import Dropout, attention_fast_dropout, keep_mask
 def test_keep_mask_keeps_one_minus_p_at_every_position(p):
     torch.manual_seed(0)
     n = 1 << 22
-    mask = keep_mask(torch.Size([n // 64, 64]), p, torch.device("cpu"))
+    mask = keep_mask(torch.empty(n // 64, 64), p)
     assert mask.dtype == torch.bool and mask.shape == (n // 64, 64)
     tolerance = 5 * math.sqrt(p * (1 - p) / (n / 4))  # five binomial standard deviations of a quarter of it
     # each 64-bit draw gives four 16-bit values: all four lanes must be unbiased (a draw with its top bit
@@ -36,13 +36,13 @@ def test_keep_mask_follows_torchs_seed(shape):
     """Small masks come from torch's generator directly, large ones (layers.PARALLEL_WORDS and up) from
     MASK_STREAMS generators seeded by it: either way torch's seed and saved state decide the mask."""
     torch.manual_seed(3)
-    a = keep_mask(shape, 0.2, torch.device("cpu"))
+    a = keep_mask(torch.empty(shape), 0.2)
     torch.manual_seed(3)
-    b = keep_mask(shape, 0.2, torch.device("cpu"))
+    b = keep_mask(torch.empty(shape), 0.2)
     state = torch.get_rng_state()
-    c = keep_mask(shape, 0.2, torch.device("cpu"))
+    c = keep_mask(torch.empty(shape), 0.2)
     torch.set_rng_state(state)  # what a resumed run does
-    d = keep_mask(shape, 0.2, torch.device("cpu"))
+    d = keep_mask(torch.empty(shape), 0.2)
     assert torch.equal(a, b) and not torch.equal(b, c) and torch.equal(c, d)
 
 
@@ -54,7 +54,7 @@ def test_large_masks_are_the_same_on_any_number_of_threads():
         for count in (1, 2, 3):
             torch.set_num_threads(count)
             torch.manual_seed(11)
-            masks.append(keep_mask(torch.Size([n]), 0.3, torch.device("cpu")))
+            masks.append(keep_mask(torch.empty(n), 0.3))
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(masks[0], mask) for mask in masks[1:])
@@ -79,7 +79,7 @@ def test_fast_dropout_in_bf16_rounds_like_torchs_dropout():
     torch.manual_seed(1)
     y = layer(x)
     torch.manual_seed(1)
-    keep = keep_mask(x.shape, p, x.device)
+    keep = keep_mask(x, p)
     assert torch.equal(y, (x.detach().float() * keep / (1 - p)).bfloat16())
     grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(3)).bfloat16()
     y.backward(grad)
@@ -94,7 +94,7 @@ def test_fast_dropout_is_the_dropout_rule_on_its_mask_with_gradients():
     torch.manual_seed(1)
     y = layer(x)
     torch.manual_seed(1)
-    keep = keep_mask(x.shape, p, x.device)
+    keep = keep_mask(x, p)
     expected = torch.where(keep, x.detach() / (1 - p), 0.0)
     torch.testing.assert_close(y, expected, rtol=1e-12, atol=0)
     y.backward(torch.ones_like(y))
@@ -119,7 +119,7 @@ def test_attention_with_fast_dropout_matches_a_float64_reference():
     torch.manual_seed(5)
     out = attention_fast_dropout(q, k, v, p)
     torch.manual_seed(5)
-    keep = keep_mask(torch.Size([2, 3, 17, 17]), p, q.device)
+    keep = keep_mask(torch.empty(2, 3, 17, 17), p)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = reference_attention(q64, k64, v64, keep, p)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
@@ -188,3 +188,27 @@ def test_training_with_fast_dropout_learns_like_torchs_dropout():
         with torch.no_grad():
             final.append(model(x, y)[1].item())
     assert final[0] < 1.0 and abs(final[0] - final[1]) < 0.1, final
+
+
+def test_compiled_model_draws_every_mask_as_eager_does(monkeypatch):
+    """Under torch.compile each dropout is its own gptforge::keep_mask call (the compiler merges identical calls
+    of an operation it takes for pure: masks of one shape were one mask before they took their tensor), drawn
+    from torch's generator as in eager mode: the same seed gives eager's loss and gradients."""
+    drawn = []
+    real = layers.random_words
+    monkeypatch.setattr(layers, "random_words", lambda n, device: drawn.append(n) or real(n, device))
+    model = tiny_model(0.5)
+    model.use_fast_dropout(True)
+    idx = torch.randint(0, 37, (4, 16), generator=torch.Generator().manual_seed(2))
+    results = []
+    for step in (model, torch.compile(model)):
+        drawn.clear()
+        torch.manual_seed(7)
+        loss = step(idx, idx)[1]
+        loss.backward()
+        results.append((loss.item(), model.lm_head.weight.grad.clone(), len(drawn)))
+        model.zero_grad(set_to_none=True)
+    (eager_loss, eager_grad, eager_draws), (compiled_loss, compiled_grad, compiled_draws) = results
+    assert eager_draws == compiled_draws == 1 + 2 * 3  # the embeddings; in each of 2 blocks attention, its output, MLP
+    assert compiled_loss == pytest.approx(eager_loss, abs=1e-5)
+    torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-4, atol=1e-5)

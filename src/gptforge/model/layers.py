@@ -111,19 +111,32 @@ def random_words(n: int, device: torch.device) -> torch.Tensor:
     return words
 
 
-def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
-    """A bool mask of `shape`, False with probability p (to 1/65536): 16 random bits per element, four from each
-    64-bit word of random_words.
+def keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
+    """A bool mask shaped like `like` (its values are not read), False with probability p (to 1/65536): 16
+    random bits per element, four from each 64-bit word of random_words.
 
     torch's own dropout draws one float per element through bernoulli_, 17-25% of a CPU training step with
-    dropout 0.2 (docs/PERFORMANCE.md); this makes a quarter of the draws, on every core, and one comparison,
-    and the mask is applied by torch.where (docs/PERFORMANCE.md).
+    dropout 0.2 (docs/PERFORMANCE.md); this makes a quarter of the draws, on every core, and one comparison.
+    Under torch.compile it is one opaque operation of the graph (`gptforge::keep_mask`): inductor's own CPU
+    draws (one scalar random number per element, fused into its kernels) cost more than the rest of the
+    step's elementwise work together (docs/PERFORMANCE.md). It takes the tensor, not its shape, so that no
+    two masks are the same call to the compiler (which merges identical calls of an operation it thinks pure).
     """
-    if torch.compiler.is_compiling():  # inductor fuses its own draws into the kernel; random_ would break the graph
-        return torch.rand(shape, device=device) >= p
-    n = math.prod(shape)
-    words = random_words((n + 3) // 4, device)
-    return words.view(torch.int16)[:n].view(shape) >= round(p * 65536) - 32768
+    if torch.compiler.is_compiling():
+        return torch.ops.gptforge.keep_mask(like, p)
+    return _keep_mask(like, p)
+
+
+@torch.library.custom_op("gptforge::keep_mask", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def _keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
+    n = like.numel()
+    words = random_words((n + 3) // 4, like.device)
+    return words.view(torch.int16)[:n].view(like.shape) >= round(p * 65536) - 32768
+
+
+@_keep_mask.register_fake
+def _(like: torch.Tensor, p: float) -> torch.Tensor:
+    return torch.empty(like.shape, dtype=torch.bool, device=like.device)
 
 
 # the bits of 1.0 in each floating dtype, as the signed integer of its size (for as_ones)
@@ -172,7 +185,7 @@ class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.fast_dropout and self.training and 0.0 < self.p < 1.0):
             return super().forward(x)
-        keep = keep_mask(x.shape, self.p, x.device)
+        keep = keep_mask(x, self.p)
         if torch.compiler.is_compiling():  # inductor fuses the select itself
             return torch.where(keep, x, 0.0).mul_(1.0 / (1.0 - self.p))
         return MaskedScale.apply(x, keep, 1.0 / (1.0 - self.p))
@@ -190,7 +203,7 @@ def attention_fast_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p:
     future = torch.zeros(T, S, dtype=scores.dtype, device=q.device)
     future.masked_fill_(torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(S - T + 1), float("-inf"))
     with torch.autocast(q.device.type, enabled=False):
-        att = SoftmaxDropout.apply(scores, future, keep_mask(scores.shape, p, scores.device))
+        att = SoftmaxDropout.apply(scores, future, keep_mask(scores, p))
         return (att @ v.to(att.dtype)).mul_(1.0 / (1.0 - p))
 
 
