@@ -112,14 +112,38 @@ def reference_attention(q, k, v, keep, p):
     return (att * keep / (1 - p)) @ v
 
 
-def test_attention_with_fast_dropout_matches_a_float64_reference():
+def recorded_masks(monkeypatch) -> list[torch.Tensor]:
+    """Every mask keep_mask draws from now on, in order."""
+    drawn: list[torch.Tensor] = []
+    real = layers.keep_mask
+    monkeypatch.setattr(layers, "keep_mask", lambda like, p: drawn.append(real(like, p)) or drawn[-1])
+    return drawn
+
+
+def whole_mask(drawn: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """The query blocks' masks as one (B, nh, T, T) mask: each block's rows over the keys it was scored against
+    (the keys after those are the future: probability 0 whatever the mask says)."""
+    keep = torch.ones(shape, dtype=torch.bool)
+    row = 0
+    for mask in drawn:
+        t, s = mask.shape[-2:]
+        keep[..., row : row + t, :s] = mask
+        row += t
+    assert row == shape[-2]
+    return keep
+
+
+@pytest.mark.parametrize("T, blocks", [(17, 1), (128, layers.QUERY_BLOCKS), (128, 4)])
+def test_attention_with_fast_dropout_matches_a_float64_reference(T, blocks, monkeypatch):
+    """Also in query blocks (T >= 128): each block scored against the keys up to its end only."""
+    monkeypatch.setattr(layers, "QUERY_BLOCKS", blocks if blocks > 1 else layers.QUERY_BLOCKS)
     p = 0.2
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 17, 8, generator=gen).requires_grad_() for _ in range(3))
-    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 3, T, 8, generator=gen).requires_grad_() for _ in range(3))
+    drawn = recorded_masks(monkeypatch)
     out = attention_fast_dropout(q, k, v, p)
-    torch.manual_seed(5)
-    keep = keep_mask(torch.empty(2, 3, 17, 17), p)
+    assert len(drawn) == blocks
+    keep = whole_mask(drawn, torch.Size([2, 3, T, T]))
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = reference_attention(q64, k64, v64, keep, p)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
@@ -130,9 +154,10 @@ def test_attention_with_fast_dropout_matches_a_float64_reference():
         torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=1e-5, atol=1e-5)
 
 
-def test_attention_keeping_everything_is_sdpa():
+@pytest.mark.parametrize("T", [16, 128])
+def test_attention_keeping_everything_is_sdpa(T):
     gen = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 4, 16, 8, generator=gen) for _ in range(3))
+    q, k, v = (torch.randn(2, 4, T, 8, generator=gen) for _ in range(3))
     out = attention_fast_dropout(q, k, v, 1e-9)  # rounds to a threshold of 0 in 65536: nothing dropped
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-5, atol=1e-6)
 
