@@ -302,10 +302,11 @@ def eval_hellaswag(
             rank=env.rank,
             world_size=env.world_size,
         )
-        if not env.is_main:
-            return None
-        print(format_result(result), flush=True)
-        return result
+        if env.is_main:
+            print(format_result(result), flush=True)
+        if env.ddp:  # leave together: a rank that tears gloo down while rank 0 still prints can abort rank 0
+            dist.barrier()
+        return result if env.is_main else None
     finally:
         teardown(env)
 
