@@ -122,8 +122,6 @@ def keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
     step's elementwise work together (docs/PERFORMANCE.md). It takes the tensor, not its shape, so that no
     two masks are the same call to the compiler (which merges identical calls of an operation it thinks pure).
     """
-    if torch.compiler.is_compiling():
-        return torch.ops.gptforge.keep_mask(like, p)
     return _keep_mask(like, p)
 
 
@@ -139,9 +137,9 @@ def _(like: torch.Tensor, p: float) -> torch.Tensor:
     return torch.empty(like.shape, dtype=torch.bool, device=like.device)
 
 
-# the bits of 1.0 in each floating dtype, as the signed integer of its size (for as_ones)
+# each floating dtype's signed integer of the same size, and the bits of 1.0 as that integer (for as_ones)
 ONE_BITS = {
-    dtype: torch.ones((), dtype=dtype).view(ints).item()
+    dtype: (ints, torch.ones((), dtype=dtype).view(ints).item())
     for dtype, ints in (
         (torch.float16, torch.int16),
         (torch.bfloat16, torch.int16),
@@ -149,15 +147,14 @@ ONE_BITS = {
         (torch.float64, torch.int64),
     )
 }
-SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def as_ones(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The bool mask as 1.0 / 0.0 of `dtype`, made with integer arithmetic (each byte times the bits of 1.0).
     On CPUs torch.where(keep, x, 0), masked_fill and a bool's conversion to a float type are single-pass
     kernels 3-7x the time of this and one multiplication (docs/PERFORMANCE.md)."""
-    ints = SAME_SIZE_INT[dtype.itemsize]
-    return keep.view(torch.uint8).to(ints).mul_(ONE_BITS[dtype]).view(dtype)
+    ints, one = ONE_BITS[dtype]
+    return keep.view(torch.uint8).to(ints).mul_(one).view(dtype)
 
 
 class MaskedScale(torch.autograd.Function):
@@ -223,8 +220,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torc
     """attention_fast_dropout of the last t queries (already scaled) over s keys: query i sees keys <= i + s - t."""
     t, s = q.size(-2), k.size(-2)
     scores = q @ k.transpose(-2, -1)
-    future = torch.zeros(t, s, dtype=scores.dtype, device=q.device)
-    future.masked_fill_(torch.ones(t, s, dtype=torch.bool, device=q.device).triu_(s - t + 1), float("-inf"))
+    future = torch.full((t, s), float("-inf"), dtype=scores.dtype, device=q.device).triu_(s - t + 1)  # 0 below
     with torch.autocast(q.device.type, enabled=False):
         att = SoftmaxDropout.apply(scores, future, keep_mask(scores, p))
         return (att @ v.to(att.dtype)).mul_(1.0 / (1.0 - p))
