@@ -54,3 +54,4 @@ lr_decay_iters = 250
 
 device = 'cpu'
 compile = False
+cpu_bf16_min_width = 128  # bf16 where the CPU has it: 1.5x a step at this width (docs/PERFORMANCE.md)

@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import gptforge.model.gpt as model_module
 from gptforge.model import layers
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.layers import Dropout, attention_fast_dropout, keep_mask
+from gptforge.model.layers import Dropout, causal_attention, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5])
@@ -141,7 +142,7 @@ def test_attention_with_fast_dropout_matches_a_float64_reference(T, blocks, monk
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, T, 8, generator=gen).requires_grad_() for _ in range(3))
     drawn = recorded_masks(monkeypatch)
-    out = attention_fast_dropout(q, k, v, p)
+    out = causal_attention(q, k, v, p)
     assert len(drawn) == blocks
     keep = whole_mask(drawn, torch.Size([2, 3, T, T]))
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -158,8 +159,63 @@ def test_attention_with_fast_dropout_matches_a_float64_reference(T, blocks, monk
 def test_attention_keeping_everything_is_sdpa(T):
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 4, T, 8, generator=gen) for _ in range(3))
-    out = attention_fast_dropout(q, k, v, 1e-9)  # rounds to a threshold of 0 in 65536: nothing dropped
+    out = causal_attention(q, k, v, 1e-9)  # rounds to a threshold of 0 in 65536: nothing dropped
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [17, 64, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_without_dropout_matches_a_float64_reference(T, dtype, monkeypatch):
+    """p = 0 (in one block below T 128, in QUERY_BLOCKS from there): no masks drawn, values and gradients equal
+    the float64 causal softmax attention, to float32 precision and, under bf16 autocast (the training case that
+    takes this path), to bf16's (SDPA's own bf16 kernel is ~1e-2 off the float64 values here too)."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, T, 16, generator=gen).to(dtype).requires_grad_() for _ in range(3))
+    drawn = recorded_masks(monkeypatch)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        out = causal_attention(q, k, v, 0.0)
+    assert not drawn and out.dtype == dtype
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = reference_attention(q64, k64, v64, torch.ones(T, T, dtype=torch.bool), 0.0)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2**-6, atol=3e-2)
+    torch.testing.assert_close(out.double(), ref, **tolerance)
+    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    out.backward(grad.to(dtype))
+    ref.backward(grad)
+    for mine, theirs in ((q, q64), (k, k64), (v, v64)):
+        torch.testing.assert_close(mine.grad.double(), theirs.grad, **tolerance)
+
+
+def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch):
+    """Only there (gradients on, bf16, T <= OWN_ATTENTION_MAX_T): the model's loss and gradients then equal the
+    SDPA path's within bf16 rounding; float32, no_grad and longer sequences keep SDPA."""
+    calls = []
+    real = layers.causal_attention
+    monkeypatch.setattr(model_module, "causal_attention", lambda *a: calls.append(1) or real(*a))
+    model = tiny_model(dropout=0.0)
+    idx = torch.randint(0, 37, (3, 16), generator=torch.Generator().manual_seed(0))
+
+    def loss_and_grads(own: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        monkeypatch.setattr(model_module, "own_attention_pays", layers.own_attention_pays if own else lambda q: False)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = model(idx, idx)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    own_loss, own_grads = loss_and_grads(own=True)
+    assert len(calls) == 2  # both layers
+    sdpa_loss, sdpa_grads = loss_and_grads(own=False)
+    assert len(calls) == 2
+    torch.testing.assert_close(own_loss, sdpa_loss, rtol=1e-2, atol=0)
+    for mine, theirs in zip(own_grads, sdpa_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0.05, atol=2e-3)
+    q = torch.zeros(1, 1, 16, 8, dtype=torch.bfloat16)
+    assert layers.own_attention_pays(q)
+    assert not layers.own_attention_pays(q.float())
+    assert not layers.own_attention_pays(torch.zeros(1, 1, layers.OWN_ATTENTION_MAX_T + 1, 8, dtype=torch.bfloat16))
+    with torch.no_grad():
+        assert not layers.own_attention_pays(q)
 
 
 def tiny_model(dropout: float) -> GPT:

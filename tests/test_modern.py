@@ -18,7 +18,7 @@ from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
 from gptforge.infer.engine import generate
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.layers import KVCache, apply_rotary, rotary_angles
+from gptforge.model.layers import KVCache, RMSNorm, apply_rotary, rms_norm, rotary_angles
 from gptforge.weights.export import export_hf
 
 ALL_ON = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untie_head=True, zero_init=True, logit_softcap=15.0)
@@ -196,3 +196,30 @@ def test_squared_relu_is_relu_squared_with_its_gradient():
     torch.testing.assert_close(grad, 2 * torch.relu(x), rtol=0, atol=0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model_module.ReLU2()(x.detach().bfloat16()).dtype == torch.bfloat16
+
+
+def test_rms_norm_is_x_over_its_root_mean_square_with_its_gradient():
+    """The own RMSNorm step against autograd's numerical gradient in float64 (gradcheck), equal to F.rms_norm in
+    float32, and in bf16 (qk-norm's case) and from float32 into bf16 (a block's norm under autocast) within one
+    bf16 rounding of the float64 values and gradients."""
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(3, 5, 16, dtype=torch.float64, generator=gen) * 3).requires_grad_()
+    assert torch.autograd.gradcheck(rms_norm, (x,))
+    x32 = torch.randn(4, 7, 384, generator=gen) * 3
+    torch.testing.assert_close(rms_norm(x32), torch.nn.functional.rms_norm(x32, (384,), eps=1e-6))
+    wide = (torch.randn(2, 3, 9, 64, dtype=torch.float64, generator=gen) * 2).requires_grad_()
+    grad = torch.randn(2, 3, 9, 64, dtype=torch.float64, generator=gen)
+    expected = wide / (wide.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+    (expected_dx,) = torch.autograd.grad(expected, wide, grad)
+    for source, written in ((torch.bfloat16, None), (torch.float32, torch.bfloat16)):
+        x_low = wide.detach().to(source).requires_grad_()
+        y = rms_norm(x_low, written)
+        assert y.dtype == torch.bfloat16 and x_low.dtype == source
+        (dx,) = torch.autograd.grad(y, x_low, grad.bfloat16())
+        assert dx.dtype == source
+        torch.testing.assert_close(y.double(), expected, rtol=2**-7, atol=1e-2)
+        torch.testing.assert_close(dx.double(), expected_dx, rtol=2**-6, atol=2e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert RMSNorm()(x32).dtype == torch.bfloat16  # straight into the next layer's dtype
+        assert rms_norm(x32).dtype == torch.float32  # the embedding's norm feeds the float32 residual stream
+    assert RMSNorm()(x32).dtype == torch.float32

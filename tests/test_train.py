@@ -308,21 +308,27 @@ def test_cuda_training_with_autocast_compile_and_pinned_batches(char_data, tmp_p
 
 
 @pytest.mark.parametrize(
-    "fast_bf16, n_embd, expected",
+    "fast_bf16, n_embd, min_width, expected",
     [
-        (True, 384, "bfloat16"),
-        (True, 128, "float32"),
-        (False, 384, "float32"),
-        (False, 4096, "float32"),
+        (True, 384, 256, "bfloat16"),
+        (True, 128, 256, "float32"),
+        (True, 128, 128, "bfloat16"),
+        (True, 64, 128, "float32"),
+        (False, 384, 256, "float32"),
+        (False, 4096, 256, "float32"),
+        (False, 128, 128, "float32"),
     ],
 )
-def test_auto_dtype_on_cpu_follows_the_hardware(monkeypatch, fast_bf16, n_embd, expected):
-    """bfloat16 only where the CPU multiplies it in hardware and the model is wide enough for it to pay."""
+def test_auto_dtype_on_cpu_follows_the_hardware(monkeypatch, fast_bf16, n_embd, min_width, expected):
+    """bfloat16 only where the CPU multiplies it in hardware and the model is at least cpu_bf16_min_width wide
+    (256 unless a config says otherwise)."""
     from gptforge.core import device
 
     monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: fast_bf16)
-    assert device.resolve_dtype("auto", "cpu", n_embd) == expected
-    assert device.resolve_dtype("float32", "cpu", n_embd) == "float32"
+    assert device.resolve_dtype("auto", "cpu", n_embd, min_width) == expected
+    if min_width == 256:
+        assert device.resolve_dtype("auto", "cpu", n_embd) == expected
+    assert device.resolve_dtype("float32", "cpu", n_embd, min_width) == "float32"
 
 
 def test_the_eta_forgets_the_compiling_first_step():

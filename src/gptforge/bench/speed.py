@@ -85,7 +85,7 @@ class Mode:
         nanoGPT's arithmetic (float32, eager, foreach AdamW, torch's dropout)."""
         dev = device_type(device)
         self.name, self.device = name, device
-        self.dtype = resolve_dtype(cfg.dtype, dev, cfg.n_embd) if fast else "float32"
+        self.dtype = resolve_dtype(cfg.dtype, dev, cfg.n_embd, cfg.cpu_bf16_min_width) if fast else "float32"
         self.compile = resolve_compile(cfg.compile, dev) if fast else False
         self.fast_dropout = fast and resolve_fast_dropout(cfg.fast_dropout, dev)
         fused = fast and dev == "cuda"
@@ -133,7 +133,7 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
     configure_backends(dev_type)
     vocab_size = _dataset_vocab(cfg)
     # the float32 baseline keeps the larger activations: estimate for it when it runs too
-    dtype = "float32" if compare else resolve_dtype(cfg.dtype, dev_type, cfg.n_embd)
+    dtype = "float32" if compare else resolve_dtype(cfg.dtype, dev_type, cfg.n_embd, cfg.cpu_bf16_min_width)
     estimate = estimate_training_memory(model_args(cfg, vocab_size), cfg.batch_size, dtype, cfg.optimizer)
     check_fits(estimate, *available_memory(device))
     log(f"memory: {estimate.describe()} estimated per mode\n{keep_freed_memory()}")

@@ -172,7 +172,13 @@ class TrainConfig(ModelShape):
     dtype: str = setting(
         "auto",
         "'float32', 'bfloat16', 'float16' (with a GradScaler) or 'auto' (CUDA: bf16 if supported, else "
-        "float16; CPU: bf16 with AMX/AVX512-BF16 and n_embd >= 256, else float32; MPS: float32)",
+        "float16; CPU: bf16 with AMX/AVX512-BF16 and n_embd >= cpu_bf16_min_width, else float32; MPS: float32)",
+    )
+    cpu_bf16_min_width: int = setting(
+        256,
+        "dtype='auto' on a CPU with bf16 hardware: bfloat16 from this n_embd up, float32 below (256 keeps "
+        "nanoGPT's README-size command in nanoGPT's float32 arithmetic; the 128-wide speedrun sets 128)",
+        positive,
     )
     compile: bool | str = setting("auto", "torch.compile the model: True, False or 'auto' (on for CUDA, off elsewhere)")
     fast_dropout: bool | str = setting(

@@ -27,8 +27,10 @@ GPU_PEAK_FLOPS = {
     "T4": {"float16": 65e12, "float32": 8.1e12},
 }
 
-# Below this width bfloat16 does not pay on a CPU even with AMX: the matmuls are too small to gain and the
-# bf16 flash-attention backward costs more than it saves (docs/PERFORMANCE.md).
+# dtype='auto' on a CPU with bf16 hardware: bfloat16 from this width up (train's cpu_bf16_min_width). Below it
+# bf16 did not pay while attention went through SDPA's bf16 backward; with gptforge's own attention in training
+# it does at 128 wide too (docs/PERFORMANCE.md), but 256 keeps nanoGPT's README-size command in float32, nanoGPT's
+# own arithmetic on a CPU, so that it prints nanoGPT's losses.
 CPU_BF16_MIN_WIDTH = 256
 
 
@@ -97,14 +99,14 @@ def describe_cpu(kind: dict[str, str | int | bool]) -> str:
     )
 
 
-def resolve_dtype(name: str, device_type: str, n_embd: int) -> str:
+def resolve_dtype(name: str, device_type: str, n_embd: int, min_width: int = CPU_BF16_MIN_WIDTH) -> str:
     """'auto' -> bfloat16 on CUDA when supported, else float16 (with a GradScaler); on CPU bfloat16 when the
-    hardware has it (AMX / AVX512-BF16) and the model is at least CPU_BF16_MIN_WIDTH wide, else float32;
-    float32 on MPS."""
+    hardware has it (AMX / AVX512-BF16) and the model is at least min_width wide (train's cpu_bf16_min_width),
+    else float32; float32 on MPS."""
     if name == "auto":
         if device_type == "cuda":
             return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        wide = n_embd >= CPU_BF16_MIN_WIDTH
+        wide = n_embd >= min_width
         if device_type == "cpu" and wide and cpu_has_fast_bf16():
             return "bfloat16"
         return "float32"

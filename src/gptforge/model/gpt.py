@@ -18,7 +18,8 @@ from gptforge.model.layers import (
     KVCache,
     RMSNorm,
     apply_rotary,
-    attention_fast_dropout,
+    causal_attention,
+    own_attention_pays,
     rms_norm,
     rotary_angles,
 )
@@ -87,8 +88,8 @@ class CausalSelfAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         if cache is not None and hasattr(cache, "attend"):  # a cache with its own attention (infer/decode.py)
             y = cache.attend(q, k, v, mask)
-        elif self.fast_dropout and 0.0 < p < 1.0 and causal:
-            y = attention_fast_dropout(q, k, v, p)
+        elif causal and (self.fast_dropout and 0.0 < p < 1.0 or p == 0.0 and own_attention_pays(q)):
+            y = causal_attention(q, k, v, p)
         else:  # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future
             masked = {"attn_mask": mask} if mask is not None else {}
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal and T > 1, **masked)

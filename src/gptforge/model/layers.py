@@ -188,17 +188,33 @@ class Dropout(nn.Dropout):
         return MaskedScale.apply(x, keep, 1.0 / (1.0 - self.p))
 
 
-QUERY_BLOCKS = 2  # causal attention with dropout in this many query blocks when T >= MIN_BLOCKED_T
+QUERY_BLOCKS = 2  # causal_attention goes in this many query blocks when T >= MIN_BLOCKED_T
 MIN_BLOCKED_T = 128
+OWN_ATTENTION_MAX_T = 512  # at dropout 0, CPU training in bf16 takes causal_attention up to this many tokens
 
 
-def attention_fast_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
-    """Causal softmax attention whose probabilities go through keep_mask's dropout: what SDPA's math path does
-    with dropout_p, without its bernoulli draws (SDPA's fused CPU kernel has no dropout). The scores (B, nh, T, T)
-    are the big tensor here, so every scaling goes to the smaller ones: 1 / sqrt(hs) to the queries, 1 / (1 - p)
-    to the (B, nh, T, hs) output; under autocast the scores stay in its dtype through the softmax (computed with
-    float accumulation, as SDPA's own kernels do) and the dropout, and SoftmaxDropout passes over them once
-    forward and twice backward, masks as additions and multiplications (no where / masked_fill).
+def own_attention_pays(q: torch.Tensor) -> bool:
+    """Whether causal attention without dropout goes through causal_attention instead of SDPA's fused kernel:
+    training (gradients on) on a CPU in bf16, T <= OWN_ATTENTION_MAX_T, not compiled. There the fused kernel's
+    bf16 backward is slow: one layer forward + backward, (24, 6, 256, 64), 78 ms against 38; at T 512 132 against
+    58; at T 1024 SDPA wins (195 against 245), and in float32 it ties or wins (docs/PERFORMANCE.md)."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.bfloat16
+        and torch.is_grad_enabled()
+        and q.size(-2) <= OWN_ATTENTION_MAX_T
+        and not torch.compiler.is_compiling()
+    )
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float = 0.0) -> torch.Tensor:
+    """Causal softmax attention, its probabilities through keep_mask's dropout when p > 0: what SDPA's math path
+    does with dropout_p, without its bernoulli draws (SDPA's fused CPU kernel has no dropout). The scores
+    (B, nh, T, T) are the big tensor here, so every scaling goes to the smaller ones: 1 / sqrt(hs) to the queries,
+    1 / (1 - p) to the (B, nh, T, hs) output; under autocast the scores stay in its dtype through the softmax
+    (computed with float accumulation, as SDPA's own kernels do; the probabilities are rounded to it before the
+    product with v, as flash attention's are) and the dropout, and SoftmaxDropout passes over them once forward
+    and twice backward, masks as additions and multiplications (no where / masked_fill).
 
     Over T keys each (T >= MIN_BLOCKED_T, T divisible), the queries go in QUERY_BLOCKS blocks, each scored
     against the keys up to its own end only, where one block computes every score and masks the future half
@@ -217,11 +233,14 @@ def attention_fast_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p:
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
-    """attention_fast_dropout of the last t queries (already scaled) over s keys: query i sees keys <= i + s - t."""
+    """causal_attention of the last t queries (already scaled) over s keys: query i sees keys <= i + s - t."""
     t, s = q.size(-2), k.size(-2)
     scores = q @ k.transpose(-2, -1)
     future = torch.full((t, s), float("-inf"), dtype=scores.dtype, device=q.device).triu_(s - t + 1)  # 0 below
     with torch.autocast(q.device.type, enabled=False):
+        if p == 0.0:
+            att = torch.softmax(scores + future, dim=-1)
+            return att @ v.to(att.dtype)
         att = SoftmaxDropout.apply(scores, future, keep_mask(scores, p))
         return (att @ v.to(att.dtype)).mul_(1.0 / (1.0 - p))
 
@@ -244,14 +263,51 @@ class SoftmaxDropout(torch.autograd.Function):
         return torch._softmax_backward_data(dropped, probs, -1, probs.dtype), None, None
 
 
-def rms_norm(x: torch.Tensor) -> torch.Tensor:
-    """Parameter-free RMSNorm over the last dimension (eps 1e-6, as Hugging Face's NanoChat)."""
-    return F.rms_norm(x, (x.size(-1),), eps=1e-6)
+RMS_EPS = 1e-6  # Hugging Face's NanoChat
+
+
+def rms_norm(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Parameter-free RMSNorm over the last dimension, x / sqrt(mean(x^2) + 1e-6), written in `dtype` (default x's).
+
+    On CPUs F.rms_norm is a chain of float32 operations with as many again backward, and a bf16 x goes to float32
+    and back around it; RootMeanSquare passes over x twice forward and three times backward (docs/PERFORMANCE.md).
+    Under torch.compile the plain expression, which inductor fuses itself."""
+    if torch.compiler.is_compiling():
+        return F.rms_norm(x, (x.size(-1),), eps=RMS_EPS).to(dtype or x.dtype)
+    return RootMeanSquare.apply(x, dtype or x.dtype)
+
+
+class RootMeanSquare(torch.autograd.Function):
+    """rms_norm as one autograd step. The mean of squares is taken in float32 or wider (1 / rms per row, r, kept for
+    backward with x) and y = x r is rounded once into the output's dtype; backward is
+    dx = r g - x r^3 mean(g x) (the gradient of x r(x)), in x's dtype."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # noqa: ANN001
+        size = x.size(-1)
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
+        r = norm.square_().mul_(1.0 / size).add_(RMS_EPS).rsqrt_()  # (..., 1)
+        ctx.save_for_backward(x, r)
+        return torch.mul(x, r, out=torch.empty(x.shape, dtype=dtype, device=x.device))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN001
+        x, r = ctx.saved_tensors
+        dot = (grad * x).sum(-1, keepdim=True, dtype=r.dtype)  # (..., 1)
+        coef = r.pow(3).mul_(dot).mul_(-1.0 / x.size(-1))
+        if x.dtype.itemsize < 4:  # a bf16 / fp16 gradient: the rows' factors in its dtype (no float32 copies of x)
+            r, coef = r.to(x.dtype), coef.to(x.dtype)
+        dx = torch.mul(grad, r, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
+        return dx.addcmul_(x, coef), None
 
 
 class RMSNorm(nn.Module):
+    """rms_norm before a linear layer: under autocast written straight in autocast's dtype, which the layer would
+    convert it to anyway (one pass fewer each way); otherwise in x's dtype."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x)
+        device = x.device.type
+        return rms_norm(x, torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None)
 
 
 def rotary_angles(positions: torch.Tensor, head_size: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:

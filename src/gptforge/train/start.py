@@ -218,7 +218,7 @@ def resolve_config(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], start: 
     return dataclasses.replace(
         cfg,
         device=env.device,
-        dtype=resolve_dtype(cfg.dtype, env.device_type, n_embd),
+        dtype=resolve_dtype(cfg.dtype, env.device_type, n_embd, cfg.cpu_bf16_min_width),
         compile=resolve_compile(cfg.compile, env.device_type),
         fast_dropout=resolve_fast_dropout(cfg.fast_dropout, env.device_type),
         data_loader=loader_kind(meta, cfg.data_loader),
