@@ -11,9 +11,11 @@ import torch
 import torch.nn.functional as F
 
 import gptforge.model.gpt as model_module
+from gptforge.model import attention as attn
 from gptforge.model import layers
-from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.layers import Dropout, causal_attention, keep_mask
+from gptforge.model.attention import attention
+from gptforge.model.gpt import GPT, GPTConfig, document_mask
+from gptforge.model.layers import Dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5])
@@ -104,12 +106,14 @@ def test_fast_dropout_is_the_dropout_rule_on_its_mask_with_gradients():
     assert torch.equal(layer(x), x)
 
 
-def reference_attention(q, k, v, keep, p):
-    """float64, written out: causal softmax(q k^T / sqrt(d)), dropout by `keep`, times v."""
+def reference_attention(q, k, v, keep, p, allowed=None):
+    """float64, written out: softmax(q k^T / sqrt(d)) over the allowed keys (default: causal), dropout by `keep`,
+    times v."""
     q, k, v = q.double(), k.double(), v.double()
     T = q.size(-2)
+    allowed = torch.ones(T, T, dtype=torch.bool).tril() if allowed is None else allowed
     att = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(dim=-1)
+    att = att.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
     return (att * keep / (1 - p)) @ v
 
 
@@ -134,15 +138,15 @@ def whole_mask(drawn: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
     return keep
 
 
-@pytest.mark.parametrize("T, blocks", [(17, 1), (128, layers.QUERY_BLOCKS), (128, 4)])
+@pytest.mark.parametrize("T, blocks", [(17, 1), (128, attn.QUERY_BLOCKS), (128, 4)])
 def test_attention_with_fast_dropout_matches_a_float64_reference(T, blocks, monkeypatch):
     """Also in query blocks (T >= 128): each block scored against the keys up to its end only."""
-    monkeypatch.setattr(layers, "QUERY_BLOCKS", blocks if blocks > 1 else layers.QUERY_BLOCKS)
+    monkeypatch.setattr(attn, "QUERY_BLOCKS", blocks if blocks > 1 else attn.QUERY_BLOCKS)
     p = 0.2
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, T, 8, generator=gen).requires_grad_() for _ in range(3))
     drawn = recorded_masks(monkeypatch)
-    out = causal_attention(q, k, v, p)
+    out = attention(q, k, v, p)
     assert len(drawn) == blocks
     keep = whole_mask(drawn, torch.Size([2, 3, T, T]))
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -155,11 +159,44 @@ def test_attention_with_fast_dropout_matches_a_float64_reference(T, blocks, monk
         torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=1e-5, atol=1e-5)
 
 
+def rule(kind: str, B: int, T: int, gen: torch.Generator) -> torch.Tensor:
+    """A bool attention mask: packed documents' (causal, positions restarting at random starts) or keys'
+    (padding: each row's first keys hidden from every query, future keys visible)."""
+    if kind == "documents":
+        starts = torch.rand(B, T, generator=gen) < 0.05
+        last_start = torch.cummax(torch.where(starts, torch.arange(T), 0), dim=1)[0]
+        return document_mask(torch.arange(T) - last_start)  # (B, 1, T, T)
+    pads = torch.randint(0, T // 2, (B,), generator=gen)
+    return (torch.arange(T) >= pads[:, None])[:, None, None, :]  # (B, 1, 1, T)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+@pytest.mark.parametrize("kind, blocks", [("documents", 2), ("keys", 1)])
+def test_attention_with_a_mask_matches_a_float64_reference(kind, blocks, p, monkeypatch):
+    """A causal mask (packed documents) goes in query blocks, any other in one; values and gradients."""
+    gen = torch.Generator().manual_seed(4)
+    T = 128
+    q, k, v = (torch.randn(2, 3, T, 8, generator=gen).requires_grad_() for _ in range(3))
+    allowed = rule(kind, 2, T, gen)
+    drawn = recorded_masks(monkeypatch)
+    out = attention(q, k, v, p, allowed)
+    assert len(drawn) == (blocks if p else 0)
+    keep = whole_mask(drawn, torch.Size([2, 3, T, T])) if p else torch.ones(T, T, dtype=torch.bool)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = reference_attention(q64, k64, v64, keep, p, allowed.expand(2, 1, T, T))
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    out.backward(grad.float())
+    ref.backward(grad)
+    for mine, theirs in ((q, q64), (k, k64), (v, v64)):
+        torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("T", [16, 128])
 def test_attention_keeping_everything_is_sdpa(T):
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 4, T, 8, generator=gen) for _ in range(3))
-    out = causal_attention(q, k, v, 1e-9)  # rounds to a threshold of 0 in 65536: nothing dropped
+    out = attention(q, k, v, 1e-9)  # rounds to a threshold of 0 in 65536: nothing dropped
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-5, atol=1e-6)
 
 
@@ -173,7 +210,7 @@ def test_attention_without_dropout_matches_a_float64_reference(T, dtype, monkeyp
     q, k, v = (torch.randn(2, 3, T, 16, generator=gen).to(dtype).requires_grad_() for _ in range(3))
     drawn = recorded_masks(monkeypatch)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-        out = causal_attention(q, k, v, 0.0)
+        out = attention(q, k, v, 0.0)
     assert not drawn and out.dtype == dtype
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = reference_attention(q64, k64, v64, torch.ones(T, T, dtype=torch.bool), 0.0)
@@ -186,20 +223,24 @@ def test_attention_without_dropout_matches_a_float64_reference(T, dtype, monkeyp
         torch.testing.assert_close(mine.grad.double(), theirs.grad, **tolerance)
 
 
-def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch):
-    """Only there (gradients on, bf16, T <= OWN_ATTENTION_MAX_T): the model's loss and gradients then equal the
-    SDPA path's within bf16 rounding; float32, no_grad and longer sequences keep SDPA."""
+@pytest.mark.parametrize("packed", [False, True], ids=["causal", "packed documents"])
+def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch, packed):
+    """Only there (gradients on, bf16, T <= OWN_ATTENTION_MAX_T), causal or with packed documents' mask (SFT's
+    batches): the model's loss and gradients then equal the SDPA path's within bf16 rounding; float32, no_grad
+    and longer sequences keep SDPA."""
     calls = []
-    real = layers.causal_attention
-    monkeypatch.setattr(model_module, "causal_attention", lambda *a: calls.append(1) or real(*a))
+    real = attn.attention
+    monkeypatch.setattr(model_module, "attention", lambda *a: calls.append(1) or real(*a))
     model = tiny_model(dropout=0.0)
-    idx = torch.randint(0, 37, (3, 16), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 37, (3, 16), generator=gen)
+    positions = torch.tensor([list(range(16)), list(range(5)) + list(range(11)), list(range(9)) + list(range(7))])
 
     def loss_and_grads(own: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        monkeypatch.setattr(model_module, "own_attention_pays", layers.own_attention_pays if own else lambda q: False)
+        monkeypatch.setattr(model_module, "own_attention_pays", attn.own_attention_pays if own else lambda q: False)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, loss = model(idx, idx)
+            _, loss = model(idx, idx, positions=positions if packed else None)
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
@@ -211,11 +252,11 @@ def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch):
     for mine, theirs in zip(own_grads, sdpa_grads, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0.05, atol=2e-3)
     q = torch.zeros(1, 1, 16, 8, dtype=torch.bfloat16)
-    assert layers.own_attention_pays(q)
-    assert not layers.own_attention_pays(q.float())
-    assert not layers.own_attention_pays(torch.zeros(1, 1, layers.OWN_ATTENTION_MAX_T + 1, 8, dtype=torch.bfloat16))
+    assert attn.own_attention_pays(q)
+    assert not attn.own_attention_pays(q.float())
+    assert not attn.own_attention_pays(torch.zeros(1, 1, attn.OWN_ATTENTION_MAX_T + 1, 8, dtype=torch.bfloat16))
     with torch.no_grad():
-        assert not layers.own_attention_pays(q)
+        assert not attn.own_attention_pays(q)
 
 
 def tiny_model(dropout: float) -> GPT:

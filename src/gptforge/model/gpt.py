@@ -13,13 +13,12 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptforge.core.shape import ModelShape
+from gptforge.model.attention import attention, own_attention_pays
 from gptforge.model.layers import (
     Dropout,
     KVCache,
     RMSNorm,
     apply_rotary,
-    causal_attention,
-    own_attention_pays,
     rms_norm,
     rotary_angles,
 )
@@ -88,8 +87,8 @@ class CausalSelfAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         if cache is not None and hasattr(cache, "attend"):  # a cache with its own attention (infer/decode.py)
             y = cache.attend(q, k, v, mask)
-        elif causal and (self.fast_dropout and 0.0 < p < 1.0 or p == 0.0 and own_attention_pays(q)):
-            y = causal_attention(q, k, v, p)
+        elif cache is None and (self.fast_dropout and 0.0 < p < 1.0 or p == 0.0 and own_attention_pays(q)):
+            y = attention(q, k, v, p, mask)  # gptforge's own: cheap dropout masks; bf16 CPU training
         else:  # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future
             masked = {"attn_mask": mask} if mask is not None else {}
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal and T > 1, **masked)

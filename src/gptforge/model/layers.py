@@ -1,11 +1,9 @@
-"""The model's parts that are not GPT-2's blocks themselves: the KV cache, dropout with cheap masks, attention
-with dropout, parameter-free RMSNorm and rotary position embeddings; and `evaluating`, eval mode for a while.
-Torch only."""
+"""The model's parts that are not GPT-2's blocks themselves: the KV cache, dropout with cheap masks,
+parameter-free RMSNorm and rotary position embeddings; and `evaluating`, eval mode for a while. Torch only."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -186,81 +184,6 @@ class Dropout(nn.Dropout):
         if torch.compiler.is_compiling():  # inductor fuses the select itself
             return torch.where(keep, x, 0.0).mul_(1.0 / (1.0 - self.p))
         return MaskedScale.apply(x, keep, 1.0 / (1.0 - self.p))
-
-
-QUERY_BLOCKS = 2  # causal_attention goes in this many query blocks when T >= MIN_BLOCKED_T
-MIN_BLOCKED_T = 128
-OWN_ATTENTION_MAX_T = 512  # at dropout 0, CPU training in bf16 takes causal_attention up to this many tokens
-
-
-def own_attention_pays(q: torch.Tensor) -> bool:
-    """Whether causal attention without dropout goes through causal_attention instead of SDPA's fused kernel:
-    training (gradients on) on a CPU in bf16, T <= OWN_ATTENTION_MAX_T, not compiled. There the fused kernel's
-    bf16 backward is slow: one layer forward + backward, (24, 6, 256, 64), 78 ms against 38; at T 512 132 against
-    58; at T 1024 SDPA wins (195 against 245), and in float32 it ties or wins (docs/PERFORMANCE.md)."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype == torch.bfloat16
-        and torch.is_grad_enabled()
-        and q.size(-2) <= OWN_ATTENTION_MAX_T
-        and not torch.compiler.is_compiling()
-    )
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float = 0.0) -> torch.Tensor:
-    """Causal softmax attention, its probabilities through keep_mask's dropout when p > 0: what SDPA's math path
-    does with dropout_p, without its bernoulli draws (SDPA's fused CPU kernel has no dropout). The scores
-    (B, nh, T, T) are the big tensor here, so every scaling goes to the smaller ones: 1 / sqrt(hs) to the queries,
-    1 / (1 - p) to the (B, nh, T, hs) output; under autocast the scores stay in its dtype through the softmax
-    (computed with float accumulation, as SDPA's own kernels do; the probabilities are rounded to it before the
-    product with v, as flash attention's are) and the dropout, and SoftmaxDropout passes over them once forward
-    and twice backward, masks as additions and multiplications (no where / masked_fill).
-
-    Over T keys each (T >= MIN_BLOCKED_T, T divisible), the queries go in QUERY_BLOCKS blocks, each scored
-    against the keys up to its own end only, where one block computes every score and masks the future half
-    away: 3/4 of the scores' products, softmax and draws with 2 blocks (4 blocks do 5/8 of the work but took
-    longer on a 2-core CPU: smaller products, more slices; docs/PERFORMANCE.md)."""
-    T, S = q.size(-2), k.size(-2)
-    q = q * (1.0 / math.sqrt(q.size(-1)))
-    if T != S or T < MIN_BLOCKED_T or T % QUERY_BLOCKS:
-        return _attend(q, k, v, p)
-    size = T // QUERY_BLOCKS
-    outputs = [
-        _attend(q[:, :, start : start + size], k[:, :, : start + size], v[:, :, : start + size], p)
-        for start in range(0, T, size)
-    ]
-    return torch.cat(outputs, dim=-2)
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
-    """causal_attention of the last t queries (already scaled) over s keys: query i sees keys <= i + s - t."""
-    t, s = q.size(-2), k.size(-2)
-    scores = q @ k.transpose(-2, -1)
-    future = torch.full((t, s), float("-inf"), dtype=scores.dtype, device=q.device).triu_(s - t + 1)  # 0 below
-    with torch.autocast(q.device.type, enabled=False):
-        if p == 0.0:
-            att = torch.softmax(scores + future, dim=-1)
-            return att @ v.to(att.dtype)
-        att = SoftmaxDropout.apply(scores, future, keep_mask(scores, p))
-        return (att @ v.to(att.dtype)).mul_(1.0 / (1.0 - p))
-
-
-class SoftmaxDropout(torch.autograd.Function):
-    """softmax(scores + future) (future: 0, or -inf where a query may not look) with the positions `keep` says False
-    zeroed. Backward keeps the probabilities and the one-byte mask: the future positions' gradient is the softmax's
-    own zero (their probability is 0), and the dropout's gradient is one multiplication by the mask."""
-
-    @staticmethod
-    def forward(ctx, scores: torch.Tensor, future: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        probs = torch.softmax(scores + future, dim=-1)
-        ctx.save_for_backward(probs, keep)
-        return probs * as_ones(keep, probs.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
-        probs, keep = ctx.saved_tensors
-        dropped = grad * as_ones(keep, grad.dtype)
-        return torch._softmax_backward_data(dropped, probs, -1, probs.dtype), None, None
 
 
 RMS_EPS = 1e-6  # Hugging Face's NanoChat

@@ -1,0 +1,109 @@
+"""gptforge's own softmax attention for CPU training, where SDPA falls short: with dropout (SDPA's fused CPU kernel
+has none, and its math path draws torch's bernoulli masks) and, in bf16, at dropout 0 too (the fused kernel's bf16
+backward is twice this path's time). Causal, or any bool mask; queries in blocks where the mask allows. Torch only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gptforge.model import layers
+
+QUERY_BLOCKS = 2  # attention goes in this many query blocks when T >= MIN_BLOCKED_T and the mask allows
+MIN_BLOCKED_T = 128
+OWN_ATTENTION_MAX_T = 512  # at dropout 0, CPU training in bf16 takes `attention` up to this many tokens
+
+
+def own_attention_pays(q: torch.Tensor) -> bool:
+    """Whether attention without dropout goes through `attention` instead of SDPA's fused kernel: training
+    (gradients on) on a CPU in bf16, T <= OWN_ATTENTION_MAX_T, not compiled. There the fused kernel's bf16
+    backward is slow: one layer forward + backward, (24, 6, 256, 64), 78 ms against 38; at T 512 132 against 58;
+    with packed documents' mask (16, 4, 256, 64) 31 against 16; at T 1024 SDPA wins (195 against 245), and in
+    float32 it ties or wins (docs/PERFORMANCE.md)."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.bfloat16
+        and torch.is_grad_enabled()
+        and q.size(-2) <= OWN_ATTENTION_MAX_T
+        and not torch.compiler.is_compiling()
+    )
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float = 0.0, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Softmax attention of q over k, v (B, nh, T, hs), causal or by `mask` (bool, broadcastable to (B, nh, T, S),
+    True where a query may attend: the whole rule, as SDPA's attn_mask; every query must see a key), its
+    probabilities through keep_mask's dropout when p > 0: what SDPA's math path does with dropout_p, without its
+    bernoulli draws. The scores (B, nh, T, S) are the big tensor here, so every scaling goes to the smaller ones:
+    1 / sqrt(hs) to the queries, 1 / (1 - p) to the (B, nh, T, hs) output; under autocast the scores stay in its
+    dtype through the softmax (computed with float accumulation, as SDPA's own kernels do; the probabilities are
+    rounded to it before the product with v, as flash attention's are) and the dropout, and SoftmaxDropout passes
+    over them once forward and twice backward, masks as additions and multiplications (no where / masked_fill).
+
+    Over T keys each (T >= MIN_BLOCKED_T, T divisible), the queries go in QUERY_BLOCKS blocks, each scored
+    against the keys up to its own end only, where one block computes every score and masks the future half
+    away: 3/4 of the scores' products, softmax and draws with 2 blocks (4 blocks do 5/8 of the work but took
+    longer on a 2-core CPU: smaller products, more slices; docs/PERFORMANCE.md). With a mask, only when it
+    lets no query of a block see a key after the block (packed documents' masks are causal: they never do)."""
+    T, S = q.size(-2), k.size(-2)
+    q = q * (1.0 / math.sqrt(q.size(-1)))
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-2], T, S)  # a query or key dimension of 1 stands for all of them
+    size = T // QUERY_BLOCKS
+    if T != S or T < MIN_BLOCKED_T or T % QUERY_BLOCKS or not _blocks_fit(mask, size):
+        return _attend(q, k, v, p, mask)
+    outputs = [
+        _attend(q[:, :, i : i + size], k[:, :, : i + size], v[:, :, : i + size], p, _rows(mask, i, i + size))
+        for i in range(0, T, size)
+    ]
+    return torch.cat(outputs, dim=-2)
+
+
+def _blocks_fit(mask: torch.Tensor | None, size: int) -> bool:
+    """No query of a block of `size` may see a key after its block's end (always so without a mask: causal)."""
+    if mask is None:
+        return True
+    return not any(bool(mask[..., i : i + size, i + size :].any()) for i in range(0, mask.size(-2) - size, size))
+
+
+def _rows(mask: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+    """The mask's queries start:end over the keys up to `end` (None: causal)."""
+    return None if mask is None else mask[..., start:end, :end]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, mask: torch.Tensor | None) -> torch.Tensor:
+    """attention of t queries (already scaled) over s keys: by the bool mask, or causally as the last t of s
+    (query i sees keys <= i + s - t). The rule becomes an addition of 0 / -inf to the scores."""
+    t, s = q.size(-2), k.size(-2)
+    scores = q @ k.transpose(-2, -1)
+    if mask is None:
+        rule = torch.full((t, s), float("-inf"), dtype=scores.dtype, device=q.device).triu_(s - t + 1)  # 0 below
+    else:
+        rule = torch.zeros(mask.shape, dtype=scores.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+    with torch.autocast(q.device.type, enabled=False):
+        if p == 0.0:
+            att = torch.softmax(scores + rule, dim=-1)
+            return att @ v.to(att.dtype)
+        att = SoftmaxDropout.apply(scores, rule, layers.keep_mask(scores, p))
+        return (att @ v.to(att.dtype)).mul_(1.0 / (1.0 - p))
+
+
+class SoftmaxDropout(torch.autograd.Function):
+    """softmax(scores + rule) (rule: 0, or -inf where a query may not look) with the positions `keep` says False
+    zeroed. Backward keeps the probabilities and the one-byte mask: the masked positions' gradient is the softmax's
+    own zero (their probability is 0), and the dropout's gradient is one multiplication by the mask."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, rule: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        probs = torch.softmax(scores + rule, dim=-1)
+        ctx.save_for_backward(probs, keep)
+        return probs * layers.as_ones(keep, probs.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
+        probs, keep = ctx.saved_tensors
+        dropped = grad * layers.as_ones(keep, grad.dtype)
+        return torch._softmax_backward_data(dropped, probs, -1, probs.dtype), None, None
