@@ -117,6 +117,19 @@ def reference_attention(q, k, v, keep, p, allowed=None):
     return (att * keep / (1 - p)) @ v
 
 
+def assert_equals_reference(out, inputs, reference, gen, rtol=1e-5, atol=1e-5):
+    """out (from inputs q, k, v) against reference(q64, k64, v64) in float64: values, and the gradients of a
+    random output gradient."""
+    doubles = [t.detach().double().requires_grad_() for t in inputs]
+    ref = reference(*doubles)
+    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol)
+    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    out.backward(grad.to(out.dtype))
+    ref.backward(grad)
+    for mine, theirs in zip(inputs, doubles, strict=True):
+        torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=rtol, atol=atol)
+
+
 def recorded_masks(monkeypatch) -> list[torch.Tensor]:
     """Every mask keep_mask draws from now on, in order."""
     drawn: list[torch.Tensor] = []
@@ -149,14 +162,7 @@ def test_attention_with_fast_dropout_matches_a_float64_reference(T, blocks, monk
     out = attention(q, k, v, p)
     assert len(drawn) == blocks
     keep = whole_mask(drawn, torch.Size([2, 3, T, T]))
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = reference_attention(q64, k64, v64, keep, p)
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
-    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
-    out.backward(grad.float())
-    ref.backward(grad)
-    for mine, theirs in ((q, q64), (k, k64), (v, v64)):
-        torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=1e-5, atol=1e-5)
+    assert_equals_reference(out, (q, k, v), lambda *qkv: reference_attention(*qkv, keep, p), gen)
 
 
 def rule(kind: str, B: int, T: int, gen: torch.Generator) -> torch.Tensor:
@@ -182,14 +188,8 @@ def test_attention_with_a_mask_matches_a_float64_reference(kind, blocks, p, monk
     out = attention(q, k, v, p, allowed)
     assert len(drawn) == (blocks if p else 0)
     keep = whole_mask(drawn, torch.Size([2, 3, T, T])) if p else torch.ones(T, T, dtype=torch.bool)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = reference_attention(q64, k64, v64, keep, p, allowed.expand(2, 1, T, T))
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
-    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
-    out.backward(grad.float())
-    ref.backward(grad)
-    for mine, theirs in ((q, q64), (k, k64), (v, v64)):
-        torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=1e-5, atol=1e-5)
+    allowed = allowed.expand(2, 1, T, T)
+    assert_equals_reference(out, (q, k, v), lambda *qkv: reference_attention(*qkv, keep, p, allowed), gen)
 
 
 @pytest.mark.parametrize("T", [16, 128])
@@ -212,15 +212,9 @@ def test_attention_without_dropout_matches_a_float64_reference(T, dtype, monkeyp
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         out = attention(q, k, v, 0.0)
     assert not drawn and out.dtype == dtype
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = reference_attention(q64, k64, v64, torch.ones(T, T, dtype=torch.bool), 0.0)
+    keep = torch.ones(T, T, dtype=torch.bool)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2**-6, atol=3e-2)
-    torch.testing.assert_close(out.double(), ref, **tolerance)
-    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
-    out.backward(grad.to(dtype))
-    ref.backward(grad)
-    for mine, theirs in ((q, q64), (k, k64), (v, v64)):
-        torch.testing.assert_close(mine.grad.double(), theirs.grad, **tolerance)
+    assert_equals_reference(out, (q, k, v), lambda *qkv: reference_attention(*qkv, keep, 0.0), gen, **tolerance)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["causal", "packed documents"])
