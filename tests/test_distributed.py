@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,9 +88,24 @@ def test_ddp_matches_one_process_logs_once_and_resumes_exactly(char_data, tmp_pa
     assert max(abs(a - b) for a, b in zip(resumed, two, strict=True)) < 1e-6 and len(resumed) == 8
 
 
+@pytest.fixture
+def bpe_data_sharded(tmp_path: Path, tiktoken_cache: Path) -> Path:
+    """A GPT-2 BPE dataset `bpe` whose val split shards over 2 ranks (~350 tokens)."""
+    from gptforge.data.prepare import prepare
+
+    (tmp_path / "t.txt").write_text("To be, or not to be, that is the question. " * 300)
+    prepare("text", data_dir=str(tmp_path / "data"), files=[str(tmp_path / "t.txt")], name="bpe", tokenizer="gpt2")
+    return tmp_path / "data"
+
+
 @pytest.mark.slow
-def test_fsdp_matches_one_process_and_its_checkpoint_loads_in_one_process(char_data, tmp_path):
+@pytest.mark.parametrize("data", ["char_data", "bpe_data_sharded"])
+def test_fsdp_matches_one_process_and_its_checkpoint_loads_in_one_process(data, request, tmp_path):
+    """Also with GPT-2's vocabulary and a soft-cap: the loss from head_loss under FSDP."""
+    char_data = request.getfixturevalue(data)
     common = {**DDP_RUN, "gradient_accumulation_steps": 2, "max_iters": 6, "eval_interval": 3, "eval_iters": 2}
+    if data == "bpe_data_sharded":
+        common.update(dataset="bpe", logit_softcap=15.0)
     single = one_process(char_data, tmp_path / "single", common)
     fsdp = tmp_path / "fsdp"
     r = torchrun(*tiny_train_args(char_data, fsdp, parallel="fsdp", **common))

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 from gptforge.core.shape import ModelShape
 from gptforge.model.attention import attention, own_attention_pays
+from gptforge.model.head_loss import head_loss, head_loss_pays
 from gptforge.model.layers import (
     Dropout,
     KVCache,
@@ -213,17 +214,22 @@ class GPT(nn.Module):
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         reduction: str = "mean",
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        need_logits: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits, loss). Without targets only the last position's logits (B, 1, V).
 
         With a KVCache, idx continues the cached tokens (positions start at cache.position) and the cache grows.
         positions and mask: see hidden_states. Targets of -1 are not scored; reduction 'sum' adds the scored
-        targets' losses (0 when there are none), 'mean' averages them (nanoGPT's).
+        targets' losses (0 when there are none), 'mean' averages them (nanoGPT's). need_logits=False (training's
+        step): the logits may be None, when the loss comes from head_loss (CPU training, large vocabularies).
         """
         x = self.hidden_states(idx, cache, positions, mask)  # (B, T, C)
         if targets is None:
             # Generation needs only the next-token distribution: skip the (B, T, V) projection.
             return self.logits(x[:, [-1], :]), None  # (B, 1, V)
+        cap, weight = self.config.logit_softcap, self.lm_head.weight
+        if not need_logits and head_loss_pays(x, weight.size(0), cap):
+            return None, head_loss(x, weight, targets, cap, reduction)
         logits = self.logits(x)  # (B, T, V)
         # Cross-entropy in float32 even under autocast: the softmax over 50k entries needs the range.
         flat = logits.float().view(-1, logits.size(-1))

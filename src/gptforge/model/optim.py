@@ -158,8 +158,8 @@ def accumulate_gradients(model, batch, batches, accum: int, ctx, scaler, sync=No
 def batch_loss(model, batch, accum: int) -> torch.Tensor:
     """One micro-batch's share of the step's loss (see accumulate_gradients)."""
     if len(batch) == 2:
-        _, loss = model(*batch)
+        _, loss = model(*batch, need_logits=False)
         return loss / accum
     x, y, positions, weight = batch
-    _, loss = model(x, y, positions=positions, reduction="sum")
+    _, loss = model(x, y, positions=positions, reduction="sum", need_logits=False)
     return loss * weight

@@ -1,0 +1,87 @@
+"""The training loss of the LM head's logits in one autograd step: soft-cap, log-softmax, the targets' losses and
+their gradient, row chunk by row chunk. Torch only.
+
+On a CPU the plain expression passes over the (tokens, vocabulary) logits about ten times (division, tanh and
+multiplication of the soft-cap, the float32 copy, log-softmax, the loss, and as many backward), each a trip
+through main memory: a quarter of a 4,096-token chat model's step. Here the logits are made by one product as
+before, and then each chunk of rows, small enough to stay in the core's cache, goes from logits to loss and to
+the logits' gradient at once, in float32, written back over the logits (docs/PERFORMANCE.md)."""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK_ELEMENTS = 1 << 18  # float32 logits per chunk of rows: 1 MiB, inside a core's L2 cache
+MIN_VOCAB = 1024  # below, the plain expression is as fast (65 characters: 5-6 ms a step either way)
+
+
+def head_loss_pays(x: torch.Tensor, vocab: int, cap: float) -> bool:
+    """Whether training takes head_loss: on a CPU (a 4,096-token vocabulary, 4,096 tokens: 265 against 140 ms,
+    forward + backward of the head, bf16; GPT-2's 50,304: 1.4x), with a vocabulary of MIN_VOCAB or more, in bf16
+    or with a soft-cap. float32 without one is nanoGPT's arithmetic: torch's expression stays, rounding for
+    rounding."""
+    return (
+        x.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and vocab >= MIN_VOCAB
+        and (torch.is_autocast_enabled("cpu") or cap > 0)
+        and not torch.compiler.is_compiling()
+    )
+
+
+def head_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, cap: float, reduction: str) -> torch.Tensor:
+    """cross_entropy(cap * tanh((x @ weight.T) / cap), targets) (no soft-cap when cap is 0), targets of -1 not
+    scored; reduction 'mean' over the scored targets (nan when there are none, as F.cross_entropy) or 'sum'.
+    x (..., C), weight (V, C), targets (...). Under autocast the product runs in its dtype, the rest in float32."""
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    with torch.autocast(device, enabled=False):
+        return HeadLoss.apply(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1), cap, reduction, dtype)
+
+
+class HeadLoss(torch.autograd.Function):
+    """head_loss. Forward computes the loss and, when gradients are wanted, d loss / d logits in the logits' own
+    buffer (dtype); backward is two products with it, scaled by the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, cap, reduction, dtype):  # noqa: ANN001, ANN205
+        x_, w_ = x.to(dtype), weight.to(dtype)
+        logits = x_ @ w_.t()  # (N, V): becomes the gradient in place
+        scored = targets != -1
+        count = int(scored.sum())
+        total = torch.zeros((), dtype=torch.float32, device=x.device)
+        rows = max(1, CHUNK_ELEMENTS // logits.size(1))
+        for start in range(0, logits.size(0), rows):
+            chunk = slice(start, start + rows)
+            total += _chunk_loss(logits[chunk], targets[chunk], scored[chunk], cap)
+        scale = 1.0 / max(count, 1) if reduction == "mean" else 1.0
+        ctx.save_for_backward(logits, x_, w_)
+        ctx.scale, ctx.dtypes = scale, (x.dtype, weight.dtype)
+        return total / count if reduction == "mean" else total
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        dlogits, x_, w_ = ctx.saved_tensors
+        factor = float(grad) * ctx.scale  # a Python float: bf16 products are scaled in float32, rounded once
+        dx = (dlogits @ w_).mul_(factor).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
+        dw = (dlogits.t() @ x_).mul_(factor).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None, None, None
+
+
+def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor, scored: torch.Tensor, cap: float) -> torch.Tensor:
+    """The summed loss of these rows' scored targets; their logits are overwritten with d loss / d logits (the
+    softmax minus the target's one, times the soft-cap's derivative 1 - tanh^2; 0 in rows not scored)."""
+    z = logits.float()
+    if cap > 0:
+        t = z.mul_(1.0 / cap).tanh_()  # z's storage: tanh(l / cap)
+        z = t * cap
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)
+    picked = targets.clamp(min=0).unsqueeze(1)
+    loss = (lse.squeeze(1) - z.gather(1, picked).squeeze(1)).mul_(scored).sum()
+    probs = z.sub_(lse).exp_()
+    probs.scatter_add_(1, picked, torch.full_like(picked, -1.0, dtype=probs.dtype))
+    probs.mul_(scored.unsqueeze(1))
+    if cap > 0:
+        probs.mul_(t.mul_(t).neg_().add_(1.0))
+    logits.copy_(probs)
+    return loss
