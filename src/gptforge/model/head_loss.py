@@ -31,8 +31,9 @@ def head_loss_pays(x: torch.Tensor, vocab: int, cap: float) -> bool:
 
 def head_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, cap: float, reduction: str) -> torch.Tensor:
     """cross_entropy(cap * tanh((x @ weight.T) / cap), targets) (no soft-cap when cap is 0), targets of -1 not
-    scored; reduction 'mean' over the scored targets (nan when there are none, as F.cross_entropy) or 'sum'.
-    x (..., C), weight (V, C), targets (...). Under autocast the product runs in its dtype, the rest in float32."""
+    scored (nor computed); reduction 'mean' over the scored targets (nan when there are none, as F.cross_entropy)
+    or 'sum'. x (..., C), weight (V, C), targets (...). Under autocast the product runs in its dtype, the rest in
+    float32."""
     device = x.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
     with torch.autocast(device, enabled=False):
@@ -40,47 +41,51 @@ def head_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, cap:
 
 
 class HeadLoss(torch.autograd.Function):
-    """head_loss. Forward computes the loss and, when gradients are wanted, d loss / d logits in the logits' own
-    buffer (dtype); backward is two products with it, scaled by the incoming gradient."""
+    """head_loss. Only the scored rows go through the head (SFT trains ~30% of its tokens: the rest would be
+    products and softmaxes thrown away). Forward computes the loss and, when gradients are wanted, d loss / d logits
+    in the logits' own buffer (dtype); backward is two products with it, scaled by the incoming gradient."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, cap, reduction, dtype):  # noqa: ANN001, ANN205
-        x_, w_ = x.to(dtype), weight.to(dtype)
-        logits = x_ @ w_.t()  # (N, V): becomes the gradient in place
-        scored = targets != -1
-        count = int(scored.sum())
+        scored = (targets != -1).nonzero().squeeze(1)  # the rows whose target is scored
+        x_, w_ = x[scored].to(dtype), weight.to(dtype)
+        logits = x_ @ w_.t()  # (scored, V): becomes the gradient in place
+        targets = targets[scored]
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         rows = max(1, CHUNK_ELEMENTS // logits.size(1))
         for start in range(0, logits.size(0), rows):
-            chunk = slice(start, start + rows)
-            total += _chunk_loss(logits[chunk], targets[chunk], scored[chunk], cap)
-        scale = 1.0 / max(count, 1) if reduction == "mean" else 1.0
-        ctx.save_for_backward(logits, x_, w_)
-        ctx.scale, ctx.dtypes = scale, (x.dtype, weight.dtype)
+            total += _chunk_loss(logits[start : start + rows], targets[start : start + rows], cap)
+        count = len(scored)
+        ctx.save_for_backward(logits, x_, w_, scored)
+        ctx.scale = 1.0 / max(count, 1) if reduction == "mean" else 1.0
+        ctx.rows, ctx.dtypes = x.size(0), (x.dtype, weight.dtype)
         return total / count if reduction == "mean" else total
 
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001, ANN205
-        dlogits, x_, w_ = ctx.saved_tensors
+        dlogits, x_, w_, scored = ctx.saved_tensors
         factor = float(grad) * ctx.scale  # a Python float: bf16 products are scaled in float32, rounded once
-        dx = (dlogits @ w_).mul_(factor).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
-        dw = (dlogits.t() @ x_).mul_(factor).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.zeros(ctx.rows, x_.size(1), dtype=ctx.dtypes[0], device=x_.device)
+            dx.index_copy_(0, scored, (dlogits @ w_).mul_(factor).to(ctx.dtypes[0]))
+        if ctx.needs_input_grad[1]:
+            dw = (dlogits.t() @ x_).mul_(factor).to(ctx.dtypes[1])
         return dx, dw, None, None, None, None
 
 
-def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor, scored: torch.Tensor, cap: float) -> torch.Tensor:
-    """The summed loss of these rows' scored targets; their logits are overwritten with d loss / d logits (the
-    softmax minus the target's one, times the soft-cap's derivative 1 - tanh^2; 0 in rows not scored)."""
+def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor, cap: float) -> torch.Tensor:
+    """The summed loss of these rows' targets; their logits are overwritten with d loss / d logits (the softmax
+    minus the target's one, times the soft-cap's derivative 1 - tanh^2)."""
     z = logits.float()
     if cap > 0:
         t = z.mul_(1.0 / cap).tanh_()  # z's storage: tanh(l / cap)
         z = t * cap
     lse = torch.logsumexp(z, dim=-1, keepdim=True)
-    picked = targets.clamp(min=0).unsqueeze(1)
-    loss = (lse.squeeze(1) - z.gather(1, picked).squeeze(1)).mul_(scored).sum()
+    picked = targets.unsqueeze(1)
+    loss = (lse - z.gather(1, picked)).sum()
     probs = z.sub_(lse).exp_()
     probs.scatter_add_(1, picked, torch.full_like(picked, -1.0, dtype=probs.dtype))
-    probs.mul_(scored.unsqueeze(1))
     if cap > 0:
         probs.mul_(t.mul_(t).neg_().add_(1.0))
     logits.copy_(probs)
