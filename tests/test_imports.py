@@ -19,7 +19,8 @@ GROUPS = [
         "core.config",
     ),  # settings, the model's shape: no torch
     ("core.memory", "core.device", "core.distributed"),  # what it needs, where and how it runs
-    ("model.layers", "model.attention", "model.head_loss", "model.gpt", "model.muon", "model.optim"),  # the network and its optimizers
+    # the network and its optimizers
+    ("model.layers", "model.attention", "model.head_loss", "model.gpt", "model.muon", "model.optim"),
     (
         "tokenizer.specials",
         "tokenizer.hf_format",

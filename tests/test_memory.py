@@ -50,6 +50,30 @@ def test_activations_grow_with_the_micro_batch_and_shrink_in_16_bits():
     assert fsdp.states == estimate_training_memory(args, 1, "float32").states / 4
 
 
+def test_with_head_loss_the_logits_are_one_copy_and_still_a_lower_bound():
+    """head_loss keeps one (tokens, V) buffer in the compute dtype instead of three float32 copies, and the
+    estimate stays below what a real bf16 training forward saves for backward (its tensors' storages, the
+    parameters left out), which the step's peak holds at least."""
+    args = {**GPTConfig().__dict__, **dict(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=4096)}
+    plain = estimate_training_memory(args, 4, "bfloat16")
+    fused = estimate_training_memory(args, 4, "bfloat16", head_loss=True)
+    assert plain.activations - fused.activations == 4 * 64 * (3 * 4096 * 4 - 4096 * 2)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{k: args[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")}))
+    x = torch.randint(4096, (4, 64))
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = model(x, x, need_logits=False)
+    assert logits is None  # head_loss took it
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert sum(n for ptr, n in storages.items() if ptr not in parameters) >= fused.activations
+
+
 def test_a_config_that_does_not_fit_names_the_keys_to_lower():
     big = dict(n_layer=2, n_head=16, n_embd=65536, block_size=32, vocab_size=65, bias=False)
     est = estimate_training_memory({**GPTConfig().__dict__, **big}, 8, "float32")

@@ -37,6 +37,7 @@ from gptforge.core.shape import model_args
 from gptforge.data.loader import read_meta
 from gptforge.infer.engine import generate
 from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
+from gptforge.model.head_loss import head_loss_used
 from gptforge.model.optim import accumulate_gradients, configure_optimizer, muon_settings
 from gptforge.tokenizer.gpt2 import GPT2_VOCAB
 
@@ -134,7 +135,9 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
     vocab_size = _dataset_vocab(cfg)
     # the float32 baseline keeps the larger activations: estimate for it when it runs too
     dtype = "float32" if compare else resolve_dtype(cfg.dtype, dev_type, cfg.n_embd, cfg.cpu_bf16_min_width)
-    estimate = estimate_training_memory(model_args(cfg, vocab_size), cfg.batch_size, dtype, cfg.optimizer)
+    args = model_args(cfg, vocab_size)
+    head = head_loss_used(dev_type, vocab_size, dtype != "float32", args.get("logit_softcap", 0))
+    estimate = estimate_training_memory(args, cfg.batch_size, dtype, cfg.optimizer, head_loss=head)
     check_fits(estimate, *available_memory(device))
     log(f"memory: {estimate.describe()} estimated per mode\n{keep_freed_memory()}")
     default = Mode("default", cfg, device, vocab_size, fast=True)

@@ -36,21 +36,28 @@ class MemoryEstimate:
 
 
 def estimate_training_memory(
-    model_args: dict[str, Any], batch_size: int, dtype: str, optimizer: str = "adamw", shards: int = 1
+    model_args: dict[str, Any],
+    batch_size: int,
+    dtype: str,
+    optimizer: str = "adamw",
+    shards: int = 1,
+    head_loss: bool = False,
 ) -> MemoryEstimate:
     """A lower-bound estimate, so that it never refuses a config that fits: every parameter the model has
     (core/shape.parameter_count: the untied head and the position table included as the model has them) at 4 bytes
     for the weight, 4 for the gradient and 8 for AdamW's two moments (4 for Muon's one momentum on the blocks'
     matrices), divided over `shards` under FSDP; and per token of the micro-batch about 16 C saved values per block
     (norm outputs, q, k, v, attention output, the MLP's 4C input and activation) and the logits (3 copies of V
-    floats: logits, their float32 cast, the softmax gradient)."""
+    floats: logits, their float32 cast, the softmax gradient; with `head_loss` (model/head_loss.py) one, in the
+    compute dtype: the logits' gradient written over them)."""
     total, matrices = parameter_count(saved_model_args(model_args))
     moments = 8 * total - (4 * matrices if optimizer == "muon" else 0)
     states = (8 * total + moments) / shards
     L, C, T, V = model_args["n_layer"], model_args["n_embd"], model_args["block_size"], model_args["vocab_size"]
     width = 4 if dtype == "float32" else 2  # autocast keeps most saved activations in 16 bits
     tokens = batch_size * T
-    activations = tokens * (16 * L * C * width + 3 * V * 4)
+    logits = V * width if head_loss else 3 * V * 4
+    activations = tokens * (16 * L * C * width + logits)
     return MemoryEstimate(total, states, activations, optimizer)
 
 

@@ -16,17 +16,16 @@ MIN_VOCAB = 1024  # below, the plain expression is as fast (65 characters: 5-6 m
 
 
 def head_loss_pays(x: torch.Tensor, vocab: int, cap: float) -> bool:
-    """Whether training takes head_loss: on a CPU (a 4,096-token vocabulary, 4,096 tokens: 265 against 140 ms,
-    forward + backward of the head, bf16; GPT-2's 50,304: 1.4x), with a vocabulary of MIN_VOCAB or more, in bf16
-    or with a soft-cap. float32 without one is nanoGPT's arithmetic: torch's expression stays, rounding for
-    rounding."""
-    return (
-        x.device.type == "cpu"
-        and torch.is_grad_enabled()
-        and vocab >= MIN_VOCAB
-        and (torch.is_autocast_enabled("cpu") or cap > 0)
-        and not torch.compiler.is_compiling()
-    )
+    """Whether training (gradients on, not compiled) takes head_loss: see head_loss_used."""
+    used = head_loss_used(x.device.type, vocab, torch.is_autocast_enabled(x.device.type), cap)
+    return used and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
+def head_loss_used(device_type: str, vocab: int, autocast: bool, cap: float) -> bool:
+    """On a CPU (a 4,096-token vocabulary, 4,096 tokens: 265 against 140 ms, forward + backward of the head, bf16;
+    GPT-2's 50,304: 1.4x), with a vocabulary of MIN_VOCAB or more, under autocast or with a soft-cap. float32
+    without one is nanoGPT's arithmetic: torch's expression stays, rounding for rounding."""
+    return device_type == "cpu" and vocab >= MIN_VOCAB and (autocast or cap > 0)
 
 
 def head_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, cap: float, reduction: str) -> torch.Tensor:

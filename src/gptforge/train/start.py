@@ -19,6 +19,7 @@ from gptforge.core.files import CKPT
 from gptforge.core.memory import MemoryEstimate, check_fits, estimate_training_memory
 from gptforge.core.shape import SHAPE_KEYS, model_args, saved_model_args
 from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
+from gptforge.model.head_loss import head_loss_used
 from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 from gptforge.tokenizer.spec import folder_tokenizer, tokenizer_spec
 from gptforge.weights.checkpoint import checkpoint_model_args, load_checkpoint, load_model_state, load_resumable
@@ -242,7 +243,8 @@ def check_memory(cfg: TrainConfig, env: DistEnv, args: dict[str, Any]) -> Memory
     allocated (exit 2 naming the keys to lower)."""
     shards = env.world_size if env.fsdp(cfg.parallel) else 1
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if env.device_type == "cpu" else 1
-    estimate = estimate_training_memory(args, cfg.batch_size, cfg.dtype, cfg.optimizer, shards)
+    head = head_loss_used(env.device_type, args["vocab_size"], cfg.dtype != "float32", args.get("logit_softcap", 0))
+    estimate = estimate_training_memory(args, cfg.batch_size, cfg.dtype, cfg.optimizer, shards, head)
     check_fits(estimate, *available_memory(env.device, processes))
     return estimate
 
