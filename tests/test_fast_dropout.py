@@ -5,6 +5,8 @@ draw for draw."""
 from __future__ import annotations
 
 import math
+import os
+import shutil
 
 import pytest
 import torch
@@ -12,14 +14,23 @@ import torch.nn.functional as F
 
 import gptforge.model.gpt as model_module
 from gptforge.model import attention as attn
-from gptforge.model import layers
+from gptforge.model import layers, masks
 from gptforge.model.attention import attention
 from gptforge.model.gpt import GPT, GPTConfig, document_mask
 from gptforge.model.layers import Dropout, keep_mask
 
 
+@pytest.fixture(params=["kernel", "reference"])
+def mask_path(request, monkeypatch):
+    """keep_mask by the compiled kernel, and as it runs where no C compiler is found (the torch reference)."""
+    if request.param == "reference":
+        monkeypatch.setattr(masks, "_kernel", [None])
+    elif masks.native_kernel() is None:
+        pytest.skip("no compiled kernel here")
+
+
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5])
-def test_keep_mask_keeps_one_minus_p_at_every_position(p):
+def test_keep_mask_keeps_one_minus_p_at_every_position(p, mask_path):
     torch.manual_seed(0)
     n = 1 << 22
     mask = keep_mask(torch.empty(n // 64, 64), p)
@@ -34,10 +45,10 @@ def test_keep_mask_keeps_one_minus_p_at_every_position(p):
     assert abs(pairs - (1 - p) ** 2) < 2 * tolerance
 
 
-@pytest.mark.parametrize("shape", [torch.Size([8, 1000]), torch.Size([4, 6, 128, 128])], ids=["one-stream", "streams"])
-def test_keep_mask_follows_torchs_seed(shape):
-    """Small masks come from torch's generator directly, large ones (layers.PARALLEL_WORDS and up) from
-    MASK_STREAMS generators seeded by it: either way torch's seed and saved state decide the mask."""
+@pytest.mark.parametrize("shape", [torch.Size([8, 1000]), torch.Size([4, 6, 128, 128])], ids=["small", "large"])
+def test_keep_mask_follows_torchs_seed(shape, mask_path):
+    """A mask's seed comes from torch's generator: torch's seed and saved state decide the mask, and the next mask
+    is another one."""
     torch.manual_seed(3)
     a = keep_mask(torch.empty(shape), 0.2)
     torch.manual_seed(3)
@@ -47,23 +58,73 @@ def test_keep_mask_follows_torchs_seed(shape):
     torch.set_rng_state(state)  # what a resumed run does
     d = keep_mask(torch.empty(shape), 0.2)
     assert torch.equal(a, b) and not torch.equal(b, c) and torch.equal(c, d)
+    # successive masks are independent: P(kept in both) = (1 - p)^2
+    both = (b & c).float().mean().item()
+    assert abs(both - 0.8**2) < 5 * math.sqrt(0.64 * 0.36 / b.numel())
 
 
-def test_large_masks_are_the_same_on_any_number_of_threads():
-    n = 4 * layers.PARALLEL_WORDS * 3  # 16 bits an element: three times the threshold's 64-bit words
-    threads = torch.get_num_threads()
-    masks = []
-    try:
-        for count in (1, 2, 3):
-            torch.set_num_threads(count)
-            torch.manual_seed(11)
-            masks.append(keep_mask(torch.empty(n), 0.3))
-    finally:
-        torch.set_num_threads(threads)
-    assert all(torch.equal(masks[0], mask) for mask in masks[1:])
-    # the streams are not copies of each other
-    parts = masks[0].tensor_split(layers.MASK_STREAMS)
-    assert not any(torch.equal(parts[0][:1000], part[:1000]) for part in parts[1:])
+def test_mask_words_are_splitmix64():
+    """The torch arithmetic (wrapping int64 products, logical shifts) gives SplitMix64's published outputs for
+    seed 0: 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4, 0x06c45d188009454f."""
+    published = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    words = masks.splitmix_words(0, 0, 3).tolist()
+    assert [w & ((1 << 64) - 1) for w in words] == published
+    assert masks.splitmix_words(0, 1, 2).tolist() == words[1:]  # word j does not depend on where a slice starts
+
+
+def test_the_compiled_kernel_is_built_where_a_compiler_is():
+    """On a machine with a C compiler (CI's) the masks come from keep_mask.c, never silently from the fallback."""
+    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here")
+    assert masks.native_kernel() is not None
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 1031, 4096, (1 << 18) + 7])
+@pytest.mark.parametrize("p", [0.0, 1 / 65536, 0.05, 0.5, 0.99])
+def test_compiled_kernel_equals_the_torch_reference(n, p):
+    kernel = masks.native_kernel()
+    if kernel is None:
+        pytest.skip("no compiled kernel here: the reference draws every mask")
+    threshold = round(p * 65536) - 32768
+    for seed in (0, 12345, 2**63 - 2):
+        ours, reference = torch.empty(n, dtype=torch.bool), torch.empty(n, dtype=torch.bool)
+        kernel(ours.data_ptr(), n, seed, threshold)
+        masks.reference_keep(reference, seed, threshold)
+        assert torch.equal(ours, reference), (n, p, seed)
+    if p == 0.0:
+        assert bool(ours.all())
+
+
+def test_the_fallback_draws_the_kernels_masks(monkeypatch):
+    """Where the kernel is missing, the same seeds give the same masks (resumes agree across the two paths), in
+    chunks of REFERENCE_WORDS words."""
+    monkeypatch.setattr(masks, "REFERENCE_WORDS", 1000)  # a mask over several chunks, one of them ragged
+    shape = torch.Size([3, 2050])
+    torch.manual_seed(5)
+    first = keep_mask(torch.empty(shape), 0.3)
+    monkeypatch.setattr(masks, "_kernel", [None])
+    torch.manual_seed(5)
+    assert torch.equal(keep_mask(torch.empty(shape), 0.3), first)
+
+
+def test_a_compiler_that_fails_says_so_and_falls_back(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("CC", shutil.which("false") or "/bin/false")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(masks, "_kernel", [])
+    assert masks.native_kernel() is None
+    said = capsys.readouterr().err
+    assert "dropout masks: the compiled kernel could not be built or loaded" in said and "torch operations" in said
+    torch.manual_seed(1)
+    mask = keep_mask(torch.empty(4000), 0.5)
+    assert 0.4 < mask.float().mean().item() < 0.6
+    assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
+
+
+def test_switched_off_the_kernel_is_not_built(monkeypatch, capsys):
+    monkeypatch.setenv(masks.SWITCH, "0")
+    monkeypatch.setattr(masks, "_kernel", [])
+    assert masks.native_kernel() is None
+    assert "dropout masks" not in capsys.readouterr().err  # asked for: nothing to warn about
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
@@ -133,8 +194,9 @@ def assert_equals_reference(out, inputs, reference, gen, rtol=1e-5, atol=1e-5):
 def recorded_masks(monkeypatch) -> list[torch.Tensor]:
     """Every mask keep_mask draws from now on, in order."""
     drawn: list[torch.Tensor] = []
-    real = layers.keep_mask
-    monkeypatch.setattr(layers, "keep_mask", lambda like, p: drawn.append(real(like, p)) or drawn[-1])
+    real = masks.keep_mask
+    for module in (attn, layers):  # attention's masks and Dropout's
+        monkeypatch.setattr(module, "keep_mask", lambda like, p: drawn.append(real(like, p)) or drawn[-1])
     return drawn
 
 
@@ -311,8 +373,8 @@ def test_compiled_model_draws_every_mask_as_eager_does(monkeypatch):
     of an operation it takes for pure: masks of one shape were one mask before they took their tensor), drawn
     from torch's generator as in eager mode: the same seed gives eager's loss and gradients."""
     drawn = []
-    real = layers.random_words
-    monkeypatch.setattr(layers, "random_words", lambda n, device: drawn.append(n) or real(n, device))
+    real = masks.mask_seed
+    monkeypatch.setattr(masks, "mask_seed", lambda: drawn.append(1) or real())
     model = tiny_model(0.5)
     model.use_fast_dropout(True)
     idx = torch.randint(0, 37, (4, 16), generator=torch.Generator().manual_seed(2))

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from gptforge.model import layers
+from gptforge.model.masks import as_ones, keep_mask
 
 QUERY_BLOCKS = 2  # attention goes in this many query blocks when T >= MIN_BLOCKED_T and the mask allows
 MIN_BLOCKED_T = 128
@@ -87,7 +87,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, mask: t
         if p == 0.0:
             att = torch.softmax(scores + rule, dim=-1)
             return att @ v.to(att.dtype)
-        att = SoftmaxDropout.apply(scores, rule, layers.keep_mask(scores, p))
+        att = SoftmaxDropout.apply(scores, rule, keep_mask(scores, p))
         return (att @ v.to(att.dtype)).mul_(1.0 / (1.0 - p))
 
 
@@ -100,10 +100,10 @@ class SoftmaxDropout(torch.autograd.Function):
     def forward(ctx, scores: torch.Tensor, rule: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
         probs = torch.softmax(scores + rule, dim=-1)
         ctx.save_for_backward(probs, keep)
-        return probs * layers.as_ones(keep, probs.dtype)
+        return probs * as_ones(keep, probs.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
         probs, keep = ctx.saved_tensors
-        dropped = grad * layers.as_ones(keep, grad.dtype)
+        dropped = grad * as_ones(keep, grad.dtype)
         return torch._softmax_backward_data(dropped, probs, -1, probs.dtype), None, None

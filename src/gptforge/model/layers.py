@@ -4,13 +4,13 @@ parameter-free RMSNorm and rotary position embeddings; and `evaluating`, eval mo
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+from gptforge.model.masks import as_ones, keep_mask
 
 
 @contextlib.contextmanager
@@ -64,95 +64,6 @@ class KVCache:
     def length(self) -> int:
         """Tokens held: every one seen, up to max_len."""
         return min(self.position, self.max_len)
-
-
-MASK_STREAMS = 8  # a large mask's draws come from this many generators, on any number of threads: the same mask
-PARALLEL_WORDS = 1 << 16  # below this many 64-bit draws, one stream: handing work to a thread costs more than it saves
-_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (process id, workers, pool): remade after a fork
-
-
-def _workers() -> ThreadPoolExecutor | None:
-    """The threads that draw a mask's streams side by side (as many as torch's intra-op threads, at most
-    MASK_STREAMS), or None with one thread."""
-    global _pool
-    workers = min(torch.get_num_threads(), MASK_STREAMS)
-    if workers < 2:
-        return None
-    if _pool is None or _pool[:2] != (os.getpid(), workers):
-        _pool = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="gptforge-mask"))
-    return _pool[2]
-
-
-def random_words(n: int, device: torch.device) -> torch.Tensor:
-    """n random 64-bit words from torch's generator (seeded and checkpointed like the rest of its random state).
-
-    On a CPU torch draws them on one core (2-core machines: ~4 ns a word, 6% of a baby-GPT step with dropout
-    0.2). A large draw takes MASK_STREAMS seeds from torch's generator instead and fills each of MASK_STREAMS
-    slices from a generator of its own, on threads side by side (torch lets go of Python's lock while it draws):
-    the words depend on torch's generator and n only, never on the number of threads."""
-    words = torch.empty(n, dtype=torch.int64, device=device)
-    if words.device.type != "cpu" or n < PARALLEL_WORDS:
-        return words.random_(-(2**63), 2**63 - 1)
-    seeds = torch.empty(MASK_STREAMS, dtype=torch.int64).random_(0, 2**63 - 1).tolist()
-
-    def draw(part: int) -> None:
-        generator = torch.Generator().manual_seed(seeds[part])
-        slices[part].random_(-(2**63), 2**63 - 1, generator=generator)
-
-    slices = words.tensor_split(MASK_STREAMS)
-    pool = _workers()
-    if pool is None:
-        for part in range(MASK_STREAMS):
-            draw(part)
-    else:
-        list(pool.map(draw, range(MASK_STREAMS)))
-    return words
-
-
-def keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
-    """A bool mask shaped like `like` (its values are not read), False with probability p (to 1/65536): 16
-    random bits per element, four from each 64-bit word of random_words.
-
-    torch's own dropout draws one float per element through bernoulli_, 17-25% of a CPU training step with
-    dropout 0.2 (docs/PERFORMANCE.md); this makes a quarter of the draws, on every core, and one comparison.
-    Under torch.compile it is one opaque operation of the graph (`gptforge::keep_mask`): inductor's own CPU
-    draws (one scalar random number per element, fused into its kernels) cost more than the rest of the
-    step's elementwise work together (docs/PERFORMANCE.md). It takes the tensor, not its shape, so that no
-    two masks are the same call to the compiler (which merges identical calls of an operation it thinks pure).
-    """
-    return _keep_mask(like, p)
-
-
-@torch.library.custom_op("gptforge::keep_mask", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
-def _keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
-    n = like.numel()
-    words = random_words((n + 3) // 4, like.device)
-    return words.view(torch.int16)[:n].view(like.shape) >= round(p * 65536) - 32768
-
-
-@_keep_mask.register_fake
-def _(like: torch.Tensor, p: float) -> torch.Tensor:
-    return torch.empty(like.shape, dtype=torch.bool, device=like.device)
-
-
-# each floating dtype's signed integer of the same size, and the bits of 1.0 as that integer (for as_ones)
-ONE_BITS = {
-    dtype: (ints, torch.ones((), dtype=dtype).view(ints).item())
-    for dtype, ints in (
-        (torch.float16, torch.int16),
-        (torch.bfloat16, torch.int16),
-        (torch.float32, torch.int32),
-        (torch.float64, torch.int64),
-    )
-}
-
-
-def as_ones(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The bool mask as 1.0 / 0.0 of `dtype`, made with integer arithmetic (each byte times the bits of 1.0).
-    On CPUs torch.where(keep, x, 0), masked_fill and a bool's conversion to a float type are single-pass
-    kernels 3-7x the time of this and one multiplication (docs/PERFORMANCE.md)."""
-    ints, one = ONE_BITS[dtype]
-    return keep.view(torch.uint8).to(ints).mul_(one).view(dtype)
 
 
 class MaskedScale(torch.autograd.Function):
