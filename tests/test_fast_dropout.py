@@ -17,7 +17,7 @@ from gptforge.model import attention as attn
 from gptforge.model import layers, masks
 from gptforge.model.attention import attention
 from gptforge.model.gpt import GPT, GPTConfig, document_mask
-from gptforge.model.layers import Dropout, keep_mask
+from gptforge.model.layers import Dropout, evaluating, keep_mask
 
 
 @pytest.fixture(params=["kernel", "reference"])
@@ -281,9 +281,9 @@ def test_attention_without_dropout_matches_a_float64_reference(T, dtype, monkeyp
 
 @pytest.mark.parametrize("packed", [False, True], ids=["causal", "packed documents"])
 def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch, packed):
-    """Only there (gradients on, bf16, T <= OWN_ATTENTION_MAX_T), causal or with packed documents' mask (SFT's
-    batches): the model's loss and gradients then equal the SDPA path's within bf16 rounding; float32, no_grad
-    and longer sequences keep SDPA."""
+    """Only there (bf16, T <= OWN_ATTENTION_MAX_T), causal or with packed documents' mask (SFT's batches): the
+    model's loss and gradients then equal the SDPA path's within bf16 rounding, and so does an evaluation's loss
+    (no gradients); float32 and longer sequences keep SDPA."""
     calls = []
     real = attn.attention
     monkeypatch.setattr(model_module, "attention", lambda *a: calls.append(1) or real(*a))
@@ -307,12 +307,18 @@ def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch, pac
     torch.testing.assert_close(own_loss, sdpa_loss, rtol=1e-2, atol=0)
     for mine, theirs in zip(own_grads, sdpa_grads, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0.05, atol=2e-3)
+    evaluations = []
+    for own in (True, False):
+        monkeypatch.setattr(model_module, "own_attention_pays", attn.own_attention_pays if own else lambda q: False)
+        with torch.no_grad(), evaluating(model), torch.autocast("cpu", dtype=torch.bfloat16):
+            evaluations.append(model(idx, idx, positions=positions if packed else None)[1])
+    assert len(calls) == 4  # the evaluation took it too
+    torch.testing.assert_close(evaluations[0], evaluations[1], rtol=1e-2, atol=0)
+    torch.testing.assert_close(evaluations[0], own_loss, rtol=1e-2, atol=0)  # no dropout: training's loss
     q = torch.zeros(1, 1, 16, 8, dtype=torch.bfloat16)
     assert attn.own_attention_pays(q)
     assert not attn.own_attention_pays(q.float())
     assert not attn.own_attention_pays(torch.zeros(1, 1, attn.OWN_ATTENTION_MAX_T + 1, 8, dtype=torch.bfloat16))
-    with torch.no_grad():
-        assert not attn.own_attention_pays(q)
 
 
 def tiny_model(dropout: float) -> GPT:

@@ -13,19 +13,19 @@ from gptforge.model.masks import as_ones, keep_mask
 
 QUERY_BLOCKS = 2  # attention goes in this many query blocks when T >= MIN_BLOCKED_T and the mask allows
 MIN_BLOCKED_T = 128
-OWN_ATTENTION_MAX_T = 512  # at dropout 0, CPU training in bf16 takes `attention` up to this many tokens
+OWN_ATTENTION_MAX_T = 512  # at dropout 0, bf16 on a CPU takes `attention` up to this many tokens
 
 
 def own_attention_pays(q: torch.Tensor) -> bool:
-    """Whether attention without dropout goes through `attention` instead of SDPA's fused kernel: training
-    (gradients on) on a CPU in bf16, T <= OWN_ATTENTION_MAX_T, not compiled. There the fused kernel's bf16
-    backward is slow: one layer forward + backward, (24, 6, 256, 64), 78 ms against 38; at T 512 132 against 58;
-    with packed documents' mask (16, 4, 256, 64) 31 against 16; at T 1024 SDPA wins (195 against 245), and in
+    """Whether attention without dropout goes through `attention` instead of SDPA's fused kernel: on a CPU in bf16,
+    T <= OWN_ATTENTION_MAX_T, not compiled; training and evaluation alike (no KV cache: the caller decides). There
+    the fused kernel is slow in bf16: one layer forward + backward, (24, 6, 256, 64), 78 ms against 38; at T 512
+    132 against 58; with packed documents' mask (16, 4, 256, 64) 31 against 16; the forward alone (64, 6, 256, 64)
+    43 against 23 (a Zen 5 EPYC). The scores are materialised, (B, nh, T, T), so longer sequences keep SDPA; in
     float32 it ties or wins (docs/PERFORMANCE.md)."""
     return (
         q.device.type == "cpu"
         and q.dtype == torch.bfloat16
-        and torch.is_grad_enabled()
         and q.size(-2) <= OWN_ATTENTION_MAX_T
         and not torch.compiler.is_compiling()
     )
