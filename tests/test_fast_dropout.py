@@ -214,12 +214,19 @@ def whole_mask(drawn: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("T, blocks", [(17, 1), (128, attn.QUERY_BLOCKS), (128, 4)])
-def test_attention_with_fast_dropout_matches_a_float64_reference(T, blocks, monkeypatch):
-    """Also in query blocks (T >= 128): each block scored against the keys up to its end only."""
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "heads-transposed"])
+def test_attention_with_fast_dropout_matches_a_float64_reference(T, blocks, strided, monkeypatch):
+    """Also in query blocks (T >= 128): each block scored against the keys up to its end only; q, k, v as the
+    model makes them too ((B, T, nh, hs) transposed: not contiguous)."""
     monkeypatch.setattr(attn, "QUERY_BLOCKS", blocks if blocks > 1 else attn.QUERY_BLOCKS)
     p = 0.2
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 3, T, 8, generator=gen).requires_grad_() for _ in range(3))
+    if strided:
+        q, k, v = (torch.randn(2, T, 3, 8, generator=gen).requires_grad_().transpose(1, 2) for _ in range(3))
+        for x in (q, k, v):
+            x.retain_grad()
+    else:
+        q, k, v = (torch.randn(2, 3, T, 8, generator=gen).requires_grad_() for _ in range(3))
     drawn = recorded_masks(monkeypatch)
     out = attention(q, k, v, p)
     assert len(drawn) == blocks

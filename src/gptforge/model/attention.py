@@ -47,7 +47,8 @@ def attention(
     against the keys up to its own end only, where one block computes every score and masks the future half
     away: 3/4 of the scores' products, softmax and draws with 2 blocks (4 blocks do 5/8 of the work but took
     longer on a 2-core CPU: smaller products, more slices; docs/PERFORMANCE.md). With a mask, only when it
-    lets no query of a block see a key after the block (packed documents' masks are causal: they never do)."""
+    lets no query of a block see a key after the block (packed documents' masks are causal: they never do).
+    Causal blocks outside torch.compile are one autograd step (CausalBlocks)."""
     T, S = q.size(-2), k.size(-2)
     q = q * (1.0 / math.sqrt(q.size(-1)))
     if mask is not None:
@@ -55,6 +56,9 @@ def attention(
     size = T // QUERY_BLOCKS
     if T != S or T < MIN_BLOCKED_T or T % QUERY_BLOCKS or not _blocks_fit(mask, size):
         return _attend(q, k, v, p, mask)
+    if mask is None and not torch.compiler.is_compiling():
+        with torch.autocast(q.device.type, enabled=False):
+            return CausalBlocks.apply(q, k.to(q.dtype), v.to(q.dtype), p)
     outputs = [
         _attend(q[:, :, i : i + size], k[:, :, : i + size], v[:, :, : i + size], p, _rows(mask, i, i + size))
         for i in range(0, T, size)
@@ -107,3 +111,62 @@ class SoftmaxDropout(torch.autograd.Function):
         probs, keep = ctx.saved_tensors
         dropped = grad * as_ones(keep, grad.dtype)
         return torch._softmax_backward_data(dropped, probs, -1, probs.dtype), None, None
+
+
+class CausalBlocks(torch.autograd.Function):
+    """Causal attention of scaled queries q over k, v (B, nh, T, hs), one dtype, in QUERY_BLOCKS query blocks, as
+    one autograd step: what `_attend` per block and a concatenation compute, without autograd's bookkeeping
+    around the blocks. That bookkeeping (each block's slice of k and v gets a zero-filled full-size gradient that
+    is then added up, the concatenation's backward, the causal rule added to all of a block's scores) cost what
+    the blocks saved. Here the rule goes onto each block's diagonal square only, in place; backward runs the
+    blocks from the widest, writing dk, dv and each block's rows of dq directly and adding the narrower blocks'
+    shares of dk and dv into their rows (baddbmm). Saved: each block's probabilities, its mask and, with dropout,
+    the dropped probabilities, as before."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:  # noqa: ANN001
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once: every block's products take slices of them
+        B, nh, T, hs = q.shape
+        size = T // QUERY_BLOCKS
+        rule = torch.full((size, size), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)  # 0 on and below
+        out = torch.empty(B, nh, T, hs, dtype=q.dtype, device=q.device)
+        saved = []
+        for start in range(0, T, size):
+            end = start + size
+            scores = q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1)  # (B, nh, size, end)
+            scores[..., start:end] += rule
+            probs = torch.softmax(scores, dim=-1)
+            keep = keep_mask(probs, p) if p > 0.0 else None
+            att = probs * as_ones(keep, probs.dtype) if keep is not None else probs
+            out[:, :, start:end] = att @ v[:, :, :end]
+            saved += [probs, att] if keep is None else [probs, att, keep]
+        if p > 0.0:
+            out.mul_(1.0 / (1.0 - p))
+        ctx.p = p
+        ctx.save_for_backward(q, k, v, *saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:  # noqa: ANN001
+        q, k, v, *saved = ctx.saved_tensors
+        p, (B, nh, T, hs) = ctx.p, q.shape
+        size, per_block = T // QUERY_BLOCKS, 3 if p > 0.0 else 2
+        grad = grad.to(q.dtype) * (1.0 / (1.0 - p)) if p > 0.0 else grad.to(q.dtype)
+        flat = lambda x: x.reshape(B * nh, *x.shape[2:])  # noqa: E731 - (B, nh, ...) as a batch of matrices
+        q3, k3, v3, g3 = flat(q), flat(k), flat(v), flat(grad)
+        dq3 = torch.empty(B * nh, T, hs, dtype=q.dtype, device=q.device)
+        dk3, dv3 = torch.empty_like(dq3), torch.empty_like(dq3)
+        for block in reversed(range(QUERY_BLOCKS)):  # the widest first: it writes all of dk and dv
+            start, end = block * size, block * size + size
+            probs, att, *keep = saved[block * per_block : (block + 1) * per_block]
+            probs3, att3, rows = flat(probs), flat(att), g3[:, start:end]
+            beta = 0.0 if end == T else 1.0  # beta 0 ignores what the output held
+            dv3[:, :end].baddbmm_(att3.mT, rows, beta=beta)
+            dprobs = rows @ v3[:, :end].mT  # (B * nh, size, end)
+            if keep:
+                dprobs.mul_(as_ones(flat(keep[0]), dprobs.dtype))
+            dscores = torch._softmax_backward_data(dprobs, probs3, -1, probs3.dtype)
+            dq3[:, start:end].baddbmm_(dscores, k3[:, :end], beta=0.0)
+            dk3[:, :end].baddbmm_(dscores.mT, q3[:, start:end], beta=beta)
+        shape = (B, nh, T, hs)
+        return dq3.view(shape), dk3.view(shape), dv3.view(shape), None
