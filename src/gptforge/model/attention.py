@@ -139,7 +139,7 @@ class CausalBlocks(torch.autograd.Function):
             keep = keep_mask(probs, p) if p > 0.0 else None
             att = probs * as_ones(keep, probs.dtype) if keep is not None else probs
             out[:, :, start:end] = att @ v[:, :, :end]
-            saved += [probs, att] if keep is None else [probs, att, keep]
+            saved += [probs, att, keep]
         if p > 0.0:
             out.mul_(1.0 / (1.0 - p))
         ctx.p = p
@@ -150,7 +150,7 @@ class CausalBlocks(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:  # noqa: ANN001
         q, k, v, *saved = ctx.saved_tensors
         p, (B, nh, T, hs) = ctx.p, q.shape
-        size, per_block = T // QUERY_BLOCKS, 3 if p > 0.0 else 2
+        size = T // QUERY_BLOCKS
         grad = grad.to(q.dtype) * (1.0 / (1.0 - p)) if p > 0.0 else grad.to(q.dtype)
         flat = lambda x: x.reshape(B * nh, *x.shape[2:])  # noqa: E731 - (B, nh, ...) as a batch of matrices
         q3, k3, v3, g3 = flat(q), flat(k), flat(v), flat(grad)
@@ -158,13 +158,13 @@ class CausalBlocks(torch.autograd.Function):
         dk3, dv3 = torch.empty_like(dq3), torch.empty_like(dq3)
         for block in reversed(range(QUERY_BLOCKS)):  # the widest first: it writes all of dk and dv
             start, end = block * size, block * size + size
-            probs, att, *keep = saved[block * per_block : (block + 1) * per_block]
+            probs, att, keep = saved[3 * block : 3 * block + 3]
             probs3, att3, rows = flat(probs), flat(att), g3[:, start:end]
             beta = 0.0 if end == T else 1.0  # beta 0 ignores what the output held
             dv3[:, :end].baddbmm_(att3.mT, rows, beta=beta)
             dprobs = rows @ v3[:, :end].mT  # (B * nh, size, end)
-            if keep:
-                dprobs.mul_(as_ones(flat(keep[0]), dprobs.dtype))
+            if keep is not None:
+                dprobs.mul_(as_ones(flat(keep), dprobs.dtype))
             dscores = torch._softmax_backward_data(dprobs, probs3, -1, probs3.dtype)
             dq3[:, start:end].baddbmm_(dscores, k3[:, :end], beta=0.0)
             dk3[:, :end].baddbmm_(dscores.mT, q3[:, start:end], beta=beta)

@@ -121,7 +121,7 @@ def native_kernel():  # noqa: ANN201 - a ctypes function or None
 def _load():  # noqa: ANN202
     if os.environ.get(SWITCH, "").strip().lower() in ("0", "off", "false", "no"):
         return None, ""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = c_compiler()
     if not compiler:
         return None, "no C compiler found (install gcc, or set CC) for the compiled kernel"
     try:
@@ -134,6 +134,11 @@ def _load():  # noqa: ANN202
     if not _agrees(function):
         return None, f"the compiled kernel ({path}) does not reproduce reference_keep"
     return function, ""
+
+
+def c_compiler() -> str | None:
+    """The C compiler the kernel is built with: $CC, else cc or gcc on the PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def _compiled(compiler: str) -> Path:
