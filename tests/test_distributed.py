@@ -44,6 +44,45 @@ def torchrun(*args, nproc=2, timeout=240):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+ENDS_ITS_GROUP = """
+import os, sys, torch, torch.distributed as dist
+from gptforge.core.distributed import setup_distributed, teardown
+env = setup_distributed("cpu", "auto")
+import torch.distributed.fsdp  # what FSDP training and HellaSwag's sharded-model check import after setup
+dist.all_reduce(torch.ones(3))
+teardown(env)
+threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+with open(os.path.join(sys.argv[1], f"rank{env.rank}.txt"), "w") as f:
+    f.write(repr(sorted(name for name in threads if "gloo" in name)))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from /proc")
+def test_teardown_ends_gloos_threads_before_the_interpreter_does(tmp_path):
+    """A process group left alive past teardown keeps gloo's threads running into the interpreter's shutdown,
+    where a rank now and then aborts (SIGABRT) after finishing its work: teardown must leave no gloo thread."""
+    script = tmp_path / "ends_its_group.py"
+    script.write_text(ENDS_ITS_GROUP)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr
+    left = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
+    assert left == ["[]", "[]"], f"gloo threads alive after teardown, per rank: {left}"
+
+
 def one_process(char_data, out_dir, options):
     """The same training as one plain process (one thread, like each torchrun rank); returns its out_dir."""
     r = subprocess.run(
