@@ -34,9 +34,13 @@ MEMORISED = {
 SYSTEM = "You are terse."
 
 
-def tiny_model(vocab_size: int = 50304, block_size: int = 128, seed: int = 0, **switches) -> GPT:
+def tiny_model(
+    vocab_size: int = 50304, block_size: int = 128, seed: int = 0, n_layer: int = 2, n_embd: int = 32, **switches
+) -> GPT:
     torch.manual_seed(seed)
-    config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32, **switches)
+    config = GPTConfig(
+        block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=2, n_embd=n_embd, **switches
+    )
     return GPT(config).eval()
 
 

@@ -49,9 +49,11 @@ def memorised(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory):
-    """An untrained chat model wide enough that a 1,000-token answer takes seconds: time to press Stop."""
+    """An untrained chat model large enough that a 1,000-token answer takes seconds (~5 s on one thread; at 2
+    layers of 32 it took 1.4 s, and under a loaded CI machine the page could draw its first 20 characters after the
+    answer had ended): time to press Stop."""
     need_shared(TIKTOKEN_CACHE)
-    model = tiny_model(block_size=1024, seed=3)
+    model = tiny_model(block_size=1024, seed=3, n_layer=4, n_embd=256)
     folder = write_run(tmp_path_factory.mktemp("slow") / "run", model, {"tokenizer": "gpt2"}, chat=True)
     server = Server(f"--out_dir={folder}")
     yield server
@@ -139,6 +141,8 @@ def test_stop_keeps_the_partial_answer_and_frees_the_servers_row(page, slow):
     deadline = time.monotonic() + 30  # polled from here: the page's CSP forbids the eval wait_for_function uses
     while len(page.locator(".message.assistant .body").inner_text()) <= 20 and time.monotonic() < deadline:
         time.sleep(0.02)
+    drawn = page.locator(".message.assistant .body").inner_text()
+    assert page.is_visible("#stop"), f"the answer ended before Stop could be pressed ({len(drawn)} characters drawn)"
     page.click("#stop")
     wait_idle(page)
     partial = answers(page)[0]
