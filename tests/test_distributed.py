@@ -48,7 +48,8 @@ ENDS_ITS_GROUP = """
 import os, sys, torch, torch.distributed as dist
 from gptforge.core.distributed import setup_distributed, teardown
 env = setup_distributed("cpu", "auto")
-import torch.distributed.fsdp  # what FSDP training and HellaSwag's sharded-model check import after setup
+import torch.distributed.fsdp  # what FSDP training and HellaSwag's sharded-model check import after setup,
+import torch.distributed.checkpoint.state_dict  # and every checkpoint's state gathering
 dist.all_reduce(torch.ones(3))
 teardown(env)
 threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]

@@ -61,12 +61,13 @@ def setup_distributed(device: str, backend: str) -> DistEnv:
         torch.cuda.set_device(device)
     if backend == "auto" or (backend == "nccl" and not device.startswith("cuda")):
         backend = "nccl" if device.startswith("cuda") else "gloo"  # NCCL needs GPUs; gloo runs anywhere
-    # FSDP's modules first: imported once a group exists, one of them keeps the default group as a default
-    # argument (torch 2.13's ShardedGradScaler: process_group=dist.group.WORLD), so destroy_process_group no longer
-    # ends it and gloo's threads run into the interpreter's shutdown, which aborts a rank now and then ("terminate
-    # called without an active exception", SIGABRT, after its work is done). FSDP training and HellaSwag's check
-    # for a sharded model import them late.
-    import torch.distributed.fsdp as _fsdp  # noqa: F401  (binding `torch` here would make it local to the function)
+    # FSDP's and distributed checkpoint's modules first: imported once a group exists, they keep the default group
+    # as a default argument (torch 2.13's ShardedGradScaler: process_group=dist.group.WORLD), so
+    # destroy_process_group no longer ends it and gloo's threads run into the interpreter's shutdown, which aborts a
+    # rank now and then ("terminate called without an active exception", SIGABRT, after its work is done). FSDP
+    # training, every checkpoint's state_dict gathering and HellaSwag's check for a sharded model import them late.
+    import torch.distributed.checkpoint.state_dict as _dcp  # noqa: F401  (`import torch....` would make `torch`
+    import torch.distributed.fsdp as _fsdp  # noqa: F401  a local name of this function)
 
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     if restart:
