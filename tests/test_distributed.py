@@ -84,6 +84,57 @@ def test_teardown_ends_gloos_threads_before_the_interpreter_does(tmp_path):
     assert left == ["[]", "[]"], f"gloo threads alive after teardown, per rank: {left}"
 
 
+TRAINS_THEN_LISTS = """
+import os, sys
+import gptforge.train.loop as loop
+from gptforge.cli.main import run
+
+def gloo_threads():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    return sorted(name for name in names if "gloo" in name)
+
+after_teardown = []
+real_teardown = loop.teardown
+def teardown(env):  # train's own teardown, then what it left
+    real_teardown(env)
+    after_teardown.append(gloo_threads())
+loop.teardown = teardown
+code = run(["train", *sys.argv[2:]])
+with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.txt"), "w") as f:
+    f.write(repr((code, after_teardown)))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from /proc")
+def test_ddp_training_leaves_no_gloo_thread_when_it_returns(char_data, tmp_path):
+    """DDP's Reducer holds the process group: alive past teardown, the group was freed later with the GIL held
+    while gloo's runloop needed it for the last collective's tensors, and a rank hung at exit (1 in ~40 two-rank
+    runs) or aborted. `gptforge train` in-process on two ranks (evaluations, checkpoints, the final barrier): once
+    its teardown ran, no gloo thread may be left on either rank."""
+    script = tmp_path / "trains_then_lists.py"
+    script.write_text(TRAINS_THEN_LISTS)
+    args = tiny_train_args(char_data, tmp_path / "run", **DDP_RUN)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            str(tmp_path),
+        ]
+        + list(map(str, args)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr
+    left = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
+    assert left == ["(0, [[]])", "(0, [[]])"], f"(exit code, gloo threads alive after its teardown) per rank: {left}"
+
+
 def one_process(char_data, out_dir, options):
     """The same training as one plain process (one thread, like each torchrun rank); returns its out_dir."""
     r = subprocess.run(

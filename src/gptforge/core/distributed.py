@@ -4,6 +4,7 @@ Without torchrun's variables this is a single process (rank 0 of 1) and no proce
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 from dataclasses import dataclass
@@ -85,7 +86,15 @@ def setup_distributed(device: str, backend: str) -> DistEnv:
 
 
 def teardown(env: DistEnv) -> None:
+    """End the process group, and with it gloo's threads, while the interpreter still runs normally. Whatever holds
+    the group from C++ must be gone first: DDP's Reducer does (torch 2.13), and a group freed through it is
+    destroyed with the GIL held, while its runloop thread may need the GIL to free the last collective's tensors: a
+    rank then hangs at exit after its work (or, freed during the interpreter's shutdown, aborts with "terminate
+    called without an active exception"). So callers drop their wrappers before this (train does), and the
+    collection here frees the ones a reference cycle still holds; the group itself then goes through
+    destroy_process_group, which releases the GIL."""
     if env.ddp and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -7,12 +7,20 @@ from __future__ import annotations
 import functools
 import math
 import time
+import traceback
 from typing import Any
 
 import torch
 
 from gptforge.core.config import TrainConfig
-from gptforge.core.distributed import StopFlag, all_reduce_mean, setup_distributed, step_is_finite, teardown
+from gptforge.core.distributed import (
+    DistEnv,
+    StopFlag,
+    all_reduce_mean,
+    setup_distributed,
+    step_is_finite,
+    teardown,
+)
 from gptforge.core.errors import UserError
 from gptforge.evaluate.loss import estimate_chat_loss, estimate_loss
 from gptforge.model.optim import accumulate_gradients, get_lr
@@ -25,16 +33,23 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train as configured; returns {'iter_num', 'best_val_loss', 'losses'} (the last evaluation)."""
     env = setup_distributed(cfg.device, cfg.backend)
     try:
-        run = setup(cfg, env)
-        if run is None:  # it resumes a finished run (a requeued job): nothing to train, nothing written
-            return {"iter_num": cfg.max_iters, "best_val_loss": math.nan, "losses": {}}
-        with StopFlag(env) as stop, run.cleanup:
-            result = train_loop(run, stop)
-        if env.ddp:  # leave together: no rank tears its process group down while rank 0 still writes files
-            torch.distributed.barrier()
-        return result
+        return _train(cfg, env)  # the run (its DDP wrapper) is gone when this returns, before the group is
+    except BaseException as e:
+        traceback.clear_frames(e.__traceback__)  # and when it raises: its frames would keep it (core/distributed.py)
+        raise
     finally:
         teardown(env)
+
+
+def _train(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+    run = setup(cfg, env)
+    if run is None:  # it resumes a finished run (a requeued job): nothing to train, nothing written
+        return {"iter_num": cfg.max_iters, "best_val_loss": math.nan, "losses": {}}
+    with StopFlag(env) as stop, run.cleanup:
+        result = train_loop(run, stop)
+    if env.ddp:  # leave together: no rank tears its process group down while rank 0 still writes files
+        torch.distributed.barrier()
+    return result
 
 
 def train_loop(run: Run, stop: StopFlag) -> dict[str, Any]:
