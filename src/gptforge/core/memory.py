@@ -42,6 +42,7 @@ def estimate_training_memory(
     optimizer: str = "adamw",
     shards: int = 1,
     head_loss: bool = False,
+    score_bytes: int = 0,
 ) -> MemoryEstimate:
     """A lower-bound estimate, so that it never refuses a config that fits: every parameter the model has
     (core/shape.parameter_count: the untied head and the position table included as the model has them) at 4 bytes
@@ -49,7 +50,9 @@ def estimate_training_memory(
     matrices), divided over `shards` under FSDP; and per token of the micro-batch about 16 C saved values per block
     (norm outputs, q, k, v, attention output, the MLP's 4C input and activation) and the logits (3 copies of V
     floats: logits, their float32 cast, the softmax gradient; with `head_loss` (model/head_loss.py) one, in the
-    compute dtype: the logits' gradient written over them)."""
+    compute dtype: the logits' gradient written over them). score_bytes: what the attention keeps per sequence and
+    layer where it materialises its T x T probabilities (model/attention.saved_score_bytes; 0 where SDPA's kernels
+    keep only their output)."""
     total, matrices = parameter_count(saved_model_args(model_args))
     moments = 8 * total - (4 * matrices if optimizer == "muon" else 0)
     states = (8 * total + moments) / shards
@@ -57,7 +60,7 @@ def estimate_training_memory(
     width = 4 if dtype == "float32" else 2  # autocast keeps most saved activations in 16 bits
     tokens = batch_size * T
     logits = V * width if head_loss else 3 * V * 4
-    activations = tokens * (16 * L * C * width + logits)
+    activations = tokens * (16 * L * C * width + logits) + batch_size * L * score_bytes
     return MemoryEstimate(total, states, activations, optimizer)
 
 

@@ -31,6 +31,25 @@ def own_attention_pays(q: torch.Tensor) -> bool:
     )
 
 
+def saved_score_bytes(
+    T: int, n_head: int, dropout: float, fast_dropout: bool, device_type: str, bf16: bool, compiled: bool
+) -> int:
+    """Bytes that `attention` keeps for backward per sequence and layer in training (no mask): the probabilities
+    (B, nh, T, T), over the causal blocks only; with dropout also the dropped probabilities and the one-byte mask.
+    0 where training takes SDPA instead (GPT's CausalSelfAttention decides, own_attention_pays at dropout 0) and
+    under torch.compile (inductor decides what to keep): the memory estimate adds this, and stays a lower bound."""
+    own = fast_dropout and 0.0 < dropout < 1.0 or dropout == 0.0 and device_type == "cpu" and bf16
+    if compiled or not own or dropout == 0.0 and T > OWN_ATTENTION_MAX_T:
+        return 0
+    if T >= MIN_BLOCKED_T and T % QUERY_BLOCKS == 0:
+        size = T // QUERY_BLOCKS
+        scores = size * size * QUERY_BLOCKS * (QUERY_BLOCKS + 1) // 2  # block b scores its size rows x b * size
+    else:
+        scores = T * T
+    width = 2 if bf16 else 4
+    return n_head * scores * (2 * width + 1 if dropout > 0.0 else width)
+
+
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float = 0.0, mask: torch.Tensor | None = None
 ) -> torch.Tensor:

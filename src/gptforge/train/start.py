@@ -18,6 +18,7 @@ from gptforge.core.errors import UserError
 from gptforge.core.files import CKPT
 from gptforge.core.memory import MemoryEstimate, check_fits, estimate_training_memory
 from gptforge.core.shape import SHAPE_KEYS, model_args, saved_model_args
+from gptforge.model.attention import saved_score_bytes
 from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
 from gptforge.model.head_loss import head_loss_used
 from gptforge.tokenizer.gpt2 import GPT2Tokenizer
@@ -244,7 +245,11 @@ def check_memory(cfg: TrainConfig, env: DistEnv, args: dict[str, Any]) -> Memory
     shards = env.world_size if env.fsdp(cfg.parallel) else 1
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if env.device_type == "cpu" else 1
     head = head_loss_used(env.device_type, args["vocab_size"], cfg.dtype != "float32", args.get("logit_softcap", 0))
-    estimate = estimate_training_memory(args, cfg.batch_size, cfg.dtype, cfg.optimizer, shards, head)
+    scores = saved_score_bytes(
+        args["block_size"], args["n_head"], cfg.dropout, cfg.fast_dropout, env.device_type, cfg.dtype == "bfloat16",
+        cfg.compile,
+    )  # fmt: skip
+    estimate = estimate_training_memory(args, cfg.batch_size, cfg.dtype, cfg.optimizer, shards, head, scores)
     check_fits(estimate, *available_memory(env.device, processes))
     return estimate
 
