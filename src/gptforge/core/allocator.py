@@ -29,6 +29,12 @@ USER_VARIABLES = ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THR
 _status: list[str] = []  # what keep_freed_memory decided in this process, once
 
 
+def switched_off(name: str, environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Whether the environment switch `name` says off: 0, off, false or no (any case, spaces around ignored); this
+    module's GPTFORGE_MALLOC and model/masks.py's GPTFORGE_NATIVE."""
+    return environ.get(name, "").strip().lower() in ("0", "off", "false", "no")
+
+
 def _libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -47,7 +53,7 @@ def keep_freed_memory(environ: MutableMapping[str, str] = os.environ) -> str:
 
 
 def _apply(environ: MutableMapping[str, str]) -> str:
-    if environ.get(SWITCH, "").strip().lower() in ("0", "off", "false", "no"):
+    if switched_off(SWITCH, environ):
         return f"malloc: glibc's defaults ({SWITCH}=0)"
     tunables = environ.get("GLIBC_TUNABLES", "")
     if "glibc.malloc." in tunables or any(v in environ for v in USER_VARIABLES):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from gptforge.core.allocator import switched_off
 from gptforge.core.console import log
 
 SOURCE = Path(__file__).with_name("keep_mask.c")
@@ -119,7 +120,7 @@ def native_kernel():  # noqa: ANN201 - a ctypes function or None
 
 
 def _load():  # noqa: ANN202
-    if os.environ.get(SWITCH, "").strip().lower() in ("0", "off", "false", "no"):
+    if switched_off(SWITCH):
         return None, ""
     compiler = c_compiler()
     if not compiler:
