@@ -44,17 +44,45 @@ def torchrun(*args, nproc=2, timeout=240):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+# each rank's script starts with this: gloo_threads() names the gloo threads alive, report(x) writes x for the test
+GLOO_THREADS = """
+import os, sys
+
+def gloo_threads():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    return sorted(name for name in names if "gloo" in name)
+
+def report(value):
+    with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.txt"), "w") as f:
+        f.write(repr(value))
+"""
+
+
+def ranks_report(body: str, tmp_path: Path, *args, timeout: int = 120) -> list[str]:
+    """GLOO_THREADS + body as a script on two torchrun ranks (argv: tmp_path, then args); what each rank reported."""
+    script = tmp_path / "ranks.py"
+    script.write_text(GLOO_THREADS + body)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    r = subprocess.run(
+        [*cmd, str(tmp_path), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr
+    return [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
+
+
 ENDS_ITS_GROUP = """
-import os, sys, torch, torch.distributed as dist
+import torch, torch.distributed as dist
 from gptforge.core.distributed import setup_distributed, teardown
 env = setup_distributed("cpu", "auto")
 import torch.distributed.fsdp  # what FSDP training and HellaSwag's sharded-model check import after setup,
 import torch.distributed.checkpoint.state_dict  # and every checkpoint's state gathering
 dist.all_reduce(torch.ones(3))
 teardown(env)
-threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-with open(os.path.join(sys.argv[1], f"rank{env.rank}.txt"), "w") as f:
-    f.write(repr(sorted(name for name in threads if "gloo" in name)))
+report(gloo_threads())
 """
 
 
@@ -62,36 +90,13 @@ with open(os.path.join(sys.argv[1], f"rank{env.rank}.txt"), "w") as f:
 def test_teardown_ends_gloos_threads_before_the_interpreter_does(tmp_path):
     """A process group left alive past teardown keeps gloo's threads running into the interpreter's shutdown,
     where a rank now and then aborts (SIGABRT) after finishing its work: teardown must leave no gloo thread."""
-    script = tmp_path / "ends_its_group.py"
-    script.write_text(ENDS_ITS_GROUP)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(script),
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert r.returncode == 0, r.stderr
-    left = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
+    left = ranks_report(ENDS_ITS_GROUP, tmp_path)
     assert left == ["[]", "[]"], f"gloo threads alive after teardown, per rank: {left}"
 
 
 TRAINS_THEN_LISTS = """
-import os, sys
 import gptforge.train.loop as loop
 from gptforge.cli.main import run
-
-def gloo_threads():
-    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-    return sorted(name for name in names if "gloo" in name)
 
 after_teardown = []
 real_teardown = loop.teardown
@@ -99,9 +104,7 @@ def teardown(env):  # train's own teardown, then what it left
     real_teardown(env)
     after_teardown.append(gloo_threads())
 loop.teardown = teardown
-code = run(["train", *sys.argv[2:]])
-with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.txt"), "w") as f:
-    f.write(repr((code, after_teardown)))
+report((run(["train", *sys.argv[2:]]), after_teardown))
 """
 
 
@@ -111,27 +114,9 @@ def test_ddp_training_leaves_no_gloo_thread_when_it_returns(char_data, tmp_path)
     while gloo's runloop needed it for the last collective's tensors, and a rank hung at exit (1 in ~40 two-rank
     runs) or aborted. `gptforge train` in-process on two ranks (evaluations, checkpoints, the final barrier): once
     its teardown ran, no gloo thread may be left on either rank."""
-    script = tmp_path / "trains_then_lists.py"
-    script.write_text(TRAINS_THEN_LISTS)
-    args = tiny_train_args(char_data, tmp_path / "run", **DDP_RUN)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(script),
-            str(tmp_path),
-        ]
-        + list(map(str, args)),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    left = ranks_report(
+        TRAINS_THEN_LISTS, tmp_path, *tiny_train_args(char_data, tmp_path / "run", **DDP_RUN), timeout=240
     )
-    assert r.returncode == 0, r.stderr
-    left = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
     assert left == ["(0, [[]])", "(0, [[]])"], f"(exit code, gloo threads alive after its teardown) per rank: {left}"
 
 
