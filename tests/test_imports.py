@@ -10,7 +10,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gptforge"
 # The modules bottom up: each may import only modules listed before it (errors, the leaf, is open to all), so
 # imports flow one way and there are no cycles. docs/ARCHITECTURE.md "Imports flow one way" names the groups.
 GROUPS = [
-    ("core.errors", "core.console", "core.files", "core.allocator"),  # standard library only
+    ("core.errors", "core.console", "core.files", "core.allocator", "core.quick_exit"),  # standard library only
     (
         "core.settings",
         "core.shape",
