@@ -11,7 +11,8 @@
 # split at step 560 of 640, after 3,291 s (54.9 minutes) of training and 3.4M tokens: nanoGPT's 1.47 in under an
 # hour. With AVX512-BF16 (an AMD EPYC, bf16 autocast and Muon in bf16): 1.4647 at step 580 after 1,152 s (19.2
 # minutes); after issue 29's second session 1.4683 at step 560 after 1,112 s (18.5 minutes). On a Zen 5 EPYC (bf16
-# ~4x float32): 1.4672 at step 540 after 488 s (8.1 minutes). Batch 24, dropout
+# ~4x float32): 1.4672 at step 540 after 488 s (8.1 minutes); the same CPU in float32 (--dtype=float32
+# --muon_dtype=float32): 1.4662 at step 540 after 1,495 s (24.9 minutes). Batch 24, dropout
 # 0.05, Muon at 0.03 and the soft-cap at 30 come from a sweep run on a GPU (same losses per step as this CPU, in
 # seconds instead of an hour each).
 
