@@ -13,8 +13,10 @@ import pytest
 from conftest import run_cli, tiny_train_args
 from gptforge.core.quick_exit import SWITCH, exit_status
 
-# A program that runs the real entry point after leaving behind what an exit must take care of: an atexit handler
-# and a (non-daemon) thread still writing, and an object whose finaliser only the interpreter's teardown runs.
+# A program that runs the real entry point after leaving behind what an exit must take care of: an atexit handler,
+# a (non-daemon) thread still writing, a thread pool left open (`gptforge serve` leaves one: its idle workers wait
+# for work until Python's exit tells them to stop) and an object whose finaliser only the interpreter's teardown
+# runs.
 PROGRAM = r"""
 import atexit, sys, threading, time
 
@@ -31,6 +33,11 @@ def writer():
     late_line("thread finished")
 
 threading.Thread(target=writer).start()
+
+from concurrent.futures import ThreadPoolExecutor
+
+pool = ThreadPoolExecutor(2)  # left open, as a server's pool is: its idle workers must be told to stop
+pool.submit(time.sleep, 0.1)
 
 class TornDown:
     def __init__(self):
@@ -52,7 +59,7 @@ def run_program(tmp_path, args, env_extra=None):
     out = tmp_path / "late.txt"
     env = {**os.environ, **(env_extra or {})}
     proc = subprocess.run(
-        [sys.executable, "-c", PROGRAM, str(out), *args], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", PROGRAM, str(out), *args], capture_output=True, text=True, env=env, timeout=60
     )
     return proc, (out.read_text().splitlines() if out.exists() else [])
 
