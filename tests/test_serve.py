@@ -10,6 +10,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from urllib.parse import urlparse
 
@@ -261,6 +263,43 @@ def test_ctrl_c_drains_the_requests_in_flight_then_exits(tmp_path):
     with pytest.raises(openai.APIConnectionError):
         c.models.list()
     assert not os.path.exists(folder / "serve.lock")
+
+
+def test_ctrl_c_while_the_decode_step_compiles_stops_the_server(tmp_path):
+    """torch.compile's tracing can swallow a KeyboardInterrupt; Ctrl-C during the start-up compile must still stop
+    `serve` (before decode.ctrl_c_kept it went on to serve, every time)."""
+    from gptforge.infer.decode import compiler_missing
+
+    if compiler_missing("cpu"):
+        pytest.skip("no C++ compiler")
+    need_shared(TIKTOKEN_CACHE)
+    folder = base_run(tmp_path / "run")
+    command = [
+        sys.executable,
+        "-m",
+        "gptforge",
+        "serve",
+        "--port=0",
+        "--device=cpu",
+        "--compile=on",
+        f"--out_dir={folder}",
+    ]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, **ONE_THREAD})
+    log = []
+    for line in proc.stderr:
+        log.append(line)
+        if "decode: compiling the one-token step" in line:
+            time.sleep(0.5)  # inside the compile (seconds long); at 0.5 s the interrupt was lost 3 times of 3
+            proc.send_signal(signal.SIGINT)
+            break
+    try:
+        log += proc.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"serve went on after Ctrl-C: {''.join(log)}") from None
+    text = "".join(log)
+    assert proc.returncode == 130, text
+    assert "gptforge: interrupted" in text and "serving on" not in text, text
 
 
 def test_a_compiled_server_answers_as_chat_p_does_alone_and_together(chat_server):

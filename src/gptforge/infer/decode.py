@@ -9,8 +9,11 @@ of several tokens) stay eager: their lengths vary and they are rare."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -111,13 +114,37 @@ def enable_compile(lm: Any, setting: str, slots: int, batch_sizes: tuple[int, ..
     step = DecodeStep(lm.model)
     log("decode: compiling the one-token step (once, a few seconds)...")
     try:
-        warm_up(lm, step, slots, batch_sizes)
+        with ctrl_c_kept():
+            warm_up(lm, step, slots, batch_sizes)
     except Exception as e:  # inductor's many ways to fail on an unusual machine: eager still works
         if setting == "on":
             raise UserError(f"--compile on: compiling the decode step failed ({type(e).__name__}: {e})") from e
         log(f"decode: eager (compiling failed: {type(e).__name__}: {str(e).splitlines()[0][:200]})")
         return
     lm.decode = step
+
+
+@contextlib.contextmanager
+def ctrl_c_kept() -> Iterator[None]:
+    """Ctrl-C inside the block raises KeyboardInterrupt as usual, and once more when the block ends if it was
+    lost: torch.compile's tracing can swallow one (seen in `gptforge serve`: a Ctrl-C while the decode step
+    compiled, and the server started anyway). Outside the main thread, where no signal arrives, it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hit: list[int] = []
+
+    def interrupted(signum: int, frame: Any) -> None:
+        hit.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if hit:
+        raise KeyboardInterrupt
 
 
 def warm_up(lm: Any, step: Callable, slots: int, batch_sizes: tuple[int, ...]) -> None:
