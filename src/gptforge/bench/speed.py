@@ -32,15 +32,14 @@ from gptforge.core.device import (
     resolve_fast_dropout,
 )
 from gptforge.core.errors import UserError
-from gptforge.core.memory import check_fits, estimate_training_memory
+from gptforge.core.memory import check_fits
 from gptforge.core.shape import model_args
 from gptforge.data.loader import read_meta
 from gptforge.infer.engine import generate
-from gptforge.model.attention import saved_score_bytes
 from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
-from gptforge.model.head_loss import head_loss_used
 from gptforge.model.optim import accumulate_gradients, configure_optimizer, muon_settings
 from gptforge.tokenizer.gpt2 import GPT2_VOCAB
+from gptforge.train.start import training_estimate
 
 
 class RandomTokens:
@@ -137,11 +136,8 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
     # the float32 baseline keeps the larger activations: estimate for it when it runs too
     dtype = "float32" if compare else resolve_dtype(cfg.dtype, dev_type, cfg.n_embd, cfg.cpu_bf16_min_width)
     args = model_args(cfg, vocab_size)
-    head = head_loss_used(dev_type, vocab_size, dtype != "float32", args.get("logit_softcap", 0))
     fast, compiled = resolve_fast_dropout(cfg.fast_dropout, dev_type), resolve_compile(cfg.compile, dev_type)
-    bf16 = dtype == "bfloat16"
-    scores = saved_score_bytes(args["block_size"], args["n_head"], cfg.dropout, fast, dev_type, bf16, compiled)
-    estimate = estimate_training_memory(args, cfg.batch_size, dtype, cfg.optimizer, head_loss=head, score_bytes=scores)
+    estimate = training_estimate(args, cfg.batch_size, dtype, cfg.optimizer, dev_type, cfg.dropout, fast, compiled)
     check_fits(estimate, *available_memory(device))
     log(f"memory: {estimate.describe()} estimated per mode\n{keep_freed_memory()}")
     default = Mode("default", cfg, device, vocab_size, fast=True)

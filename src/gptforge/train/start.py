@@ -244,14 +244,32 @@ def check_memory(cfg: TrainConfig, env: DistEnv, args: dict[str, Any]) -> Memory
     allocated (exit 2 naming the keys to lower)."""
     shards = env.world_size if env.fsdp(cfg.parallel) else 1
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if env.device_type == "cpu" else 1
-    head = head_loss_used(env.device_type, args["vocab_size"], cfg.dtype != "float32", args.get("logit_softcap", 0))
-    scores = saved_score_bytes(
-        args["block_size"], args["n_head"], cfg.dropout, cfg.fast_dropout, env.device_type, cfg.dtype == "bfloat16",
-        cfg.compile,
+    estimate = training_estimate(
+        args, cfg.batch_size, cfg.dtype, cfg.optimizer, env.device_type, cfg.dropout, cfg.fast_dropout, cfg.compile,
+        shards,
     )  # fmt: skip
-    estimate = estimate_training_memory(args, cfg.batch_size, cfg.dtype, cfg.optimizer, shards, head, scores)
     check_fits(estimate, *available_memory(env.device, processes))
     return estimate
+
+
+def training_estimate(
+    args: dict[str, Any],
+    batch_size: int,
+    dtype: str,
+    optimizer: str,
+    device_type: str,
+    dropout: float,
+    fast_dropout: bool,
+    compiled: bool,
+    shards: int = 1,
+) -> MemoryEstimate:
+    """core/memory.estimate_training_memory with what this device's training path keeps: the head's loss step where
+    it is taken (model/head_loss) and the attention's T x T scores (model/attention.saved_score_bytes). dtype,
+    fast_dropout and compiled as resolved for the device; check_memory and `gptforge bench` both estimate so."""
+    head = head_loss_used(device_type, args["vocab_size"], dtype != "float32", args.get("logit_softcap", 0))
+    bf16 = dtype == "bfloat16"
+    scores = saved_score_bytes(args["block_size"], args["n_head"], dropout, fast_dropout, device_type, bf16, compiled)
+    return estimate_training_memory(args, batch_size, dtype, optimizer, shards, head, scores)
 
 
 NOT_CHANGES = ("init_from", "resume")  # a resumed run's init_from is 'resume', whatever started it
