@@ -20,7 +20,16 @@ GROUPS = [
     ),  # settings, the model's shape: no torch
     ("core.memory", "core.device", "core.distributed"),  # what it needs, where and how it runs
     # the network and its optimizers
-    ("model.masks", "model.layers", "model.attention", "model.head_loss", "model.gpt", "model.muon", "model.optim"),
+    (
+        "model.masks",
+        "model.layers",
+        "model.attention",
+        "model.head_loss",
+        "model.gpt",
+        "model.eager_optim",
+        "model.muon",
+        "model.optim",
+    ),
     (
         "tokenizer.specials",
         "tokenizer.hf_format",

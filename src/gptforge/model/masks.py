@@ -38,12 +38,15 @@ def keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
     torch.compile it is one opaque operation of the graph (`gptforge::keep_mask`): inductor's own CPU draws (one
     scalar random number per element, fused into its kernels) cost more than the rest of the step's elementwise
     work together (docs/PERFORMANCE.md). It takes the tensor, not its shape, so that no two masks are the same call
-    to the compiler (which merges identical calls of an operation it thinks pure)."""
-    return _keep_mask(like, p)
+    to the compiler (which merges identical calls of an operation it thinks pure). Eager code calls the function
+    itself: the operation's wrapper imports torch._dynamo on first use (~0.75 s; model/eager_optim.py)."""
+    if torch.compiler.is_compiling():
+        return _keep_mask(like, p)
+    return draw_keep(like, p)
 
 
-@torch.library.custom_op("gptforge::keep_mask", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
-def _keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
+def draw_keep(like: torch.Tensor, p: float) -> torch.Tensor:
+    """keep_mask's draw (the body of the `gptforge::keep_mask` operation)."""
     threshold = round(p * 65536) - 32768  # an element is kept when its signed 16-bit value is >= this
     if like.device.type != "cpu":
         words = torch.empty((like.numel() + 3) // 4, dtype=torch.int64, device=like.device)
@@ -52,6 +55,11 @@ def _keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
     keep = torch.empty(like.shape, dtype=torch.bool)
     fill_keep(keep.view(-1), mask_seed(), threshold)
     return keep
+
+
+_keep_mask = torch.library.custom_op(
+    "gptforge::keep_mask", draw_keep, mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,)
+)
 
 
 @_keep_mask.register_fake

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from gptforge.model.eager_optim import EagerMethods
+
 # Newton-Schulz: X <- a X + (b A + c A^2) X with A = X X^T. These coefficients (from the Muon write-up) push
 # every singular value of a matrix scaled to norm <= 1 into roughly [0.7, 1.2] in five steps: not exactly 1,
 # which is what makes the iteration this fast, and what Muon needs.
@@ -51,7 +53,7 @@ def orthogonalize(
 NS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class MuonAdamW(torch.optim.Optimizer):
+class MuonAdamW(EagerMethods, torch.optim.Optimizer):
     """Parameter groups with kind='muon' (2-D matrices) or kind='adamw'. Muon groups: lr, momentum (Nesterov),
     momentum_warmup (steps over which momentum rises from 0.85 to its value), weight_decay, ns_steps. AdamW
     groups: lr, betas, eps, weight_decay (decoupled, as torch.optim.AdamW)."""

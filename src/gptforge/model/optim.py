@@ -41,8 +41,10 @@ def configure_optimizer(
         {"params": no_decay, "weight_decay": 0.0},
     ]
     if muon is None:
+        from gptforge.model.eager_optim import EagerAdamW
+
         fused = device_type == "cuda"
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
+        return EagerAdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)  # torch's AdamW
     from gptforge.model.muon import MuonAdamW
 
     for group in groups:
