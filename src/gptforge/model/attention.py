@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from gptforge.model.masks import as_ones, keep_mask
+from gptforge.model.masks import apply_mask, keep_mask
 
 QUERY_BLOCKS = 2  # attention goes in this many query blocks when T >= MIN_BLOCKED_T and the mask allows
 MIN_BLOCKED_T = 128
@@ -123,12 +123,12 @@ class SoftmaxDropout(torch.autograd.Function):
     def forward(ctx, scores: torch.Tensor, rule: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
         probs = torch.softmax(scores + rule, dim=-1)
         ctx.save_for_backward(probs, keep)
-        return probs * as_ones(keep, probs.dtype)
+        return apply_mask(probs, keep)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
         probs, keep = ctx.saved_tensors
-        dropped = grad * as_ones(keep, grad.dtype)
+        dropped = apply_mask(grad, keep)
         return torch._softmax_backward_data(dropped, probs, -1, probs.dtype), None, None
 
 
@@ -156,7 +156,7 @@ class CausalBlocks(torch.autograd.Function):
             scores[..., start:end] += rule
             probs = torch.softmax(scores, dim=-1)
             keep = keep_mask(probs, p) if p > 0.0 else None
-            att = probs * as_ones(keep, probs.dtype) if keep is not None else probs
+            att = apply_mask(probs, keep) if keep is not None else probs
             out[:, :, start:end] = att @ v[:, :, :end]
             saved += [probs, att, keep]
         if p > 0.0:
@@ -183,7 +183,7 @@ class CausalBlocks(torch.autograd.Function):
             dv3[:, :end].baddbmm_(att3.mT, rows, beta=beta)
             dprobs = rows @ v3[:, :end].mT  # (B * nh, size, end)
             if keep is not None:
-                dprobs.mul_(as_ones(flat(keep), dprobs.dtype))
+                apply_mask(dprobs, flat(keep), out=dprobs)
             dscores = torch._softmax_backward_data(dprobs, probs3, -1, probs3.dtype)
             dq3[:, start:end].baddbmm_(dscores, k3[:, :end], beta=0.0)
             dk3[:, :end].baddbmm_(dscores.mT, q3[:, start:end], beta=beta)

@@ -25,3 +25,26 @@ void gptforge_keep_mask(uint8_t *restrict keep, int64_t n, uint64_t seed, int32_
         for (int64_t i = words * 4; i < n; i++, w >>= 16) keep[i] = (int16_t)(uint16_t)w >= threshold;
     }
 }
+
+/* A mask applied: out[i] = (x[i] * keep[i]) * scale, rounded as torch rounds `(x * as_ones(keep)).mul_(scale)`:
+ * x * keep is exact (0 or x; NaN for a dropped infinity or NaN; signed zeros kept), then the product with the float
+ * scale is rounded once to x's type (bf16: to nearest even, NaN as 0x7FC0, as torch's conversion). One pass instead
+ * of torch's four (the mask's two conversions, two products); out may be x. */
+static inline float bf16_to_float(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    uint32_t rounded = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16;
+    return (v.u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0u : (uint16_t)rounded;
+}
+
+void gptforge_masked_bf16(const uint16_t *x, const uint8_t *restrict keep, uint16_t *out, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) out[i] = float_to_bf16(bf16_to_float(x[i]) * (float)keep[i] * scale);
+}
+
+void gptforge_masked_f32(const float *x, const uint8_t *restrict keep, float *out, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * (float)keep[i] * scale;
+}

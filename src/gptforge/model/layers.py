@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptforge.model.masks import as_ones, keep_mask
+from gptforge.model.masks import apply_mask, keep_mask
 
 
 @contextlib.contextmanager
@@ -68,18 +68,18 @@ class KVCache:
 
 class MaskedScale(torch.autograd.Function):
     """x times `scale` where keep is True, 0 elsewhere (dropout on a drawn mask); backward keeps the one-byte mask
-    only. Multiplied by as_ones, then by the scale (1 / (1 - p) in float arithmetic, rounded once, as before)."""
+    only. x times the mask, then the scale (1 / (1 - p) in float arithmetic, rounded once, as before): apply_mask."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:  # noqa: ANN001
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return (x * as_ones(keep, x.dtype)).mul_(scale)
+        return apply_mask(x, keep, scale)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
         (keep,) = ctx.saved_tensors
-        return (grad * as_ones(keep, grad.dtype)).mul_(ctx.scale), None, None
+        return apply_mask(grad, keep, ctx.scale), None, None
 
 
 class Dropout(nn.Dropout):
