@@ -423,3 +423,15 @@ def test_compiled_model_draws_every_mask_as_eager_does(monkeypatch):
     assert eager_draws == compiled_draws == 1 + 2 * 3  # the embeddings; in each of 2 blocks attention, its output, MLP
     assert compiled_loss == pytest.approx(eager_loss, abs=1e-5)
     torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-4, atol=1e-5)
+
+
+def test_compiling_the_model_with_fast_dropout_breaks_no_graph():
+    """Under torch.compile the masks are the gptforge::keep_mask operation and their application torch's products
+    (the compiled kernel's ctypes call cannot be traced: it split the graph in three)."""
+    import torch._dynamo
+
+    model = tiny_model(0.3)
+    model.use_fast_dropout(True)
+    idx = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(1))
+    explained = torch._dynamo.explain(model)(idx, idx)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
