@@ -83,7 +83,7 @@ class Mode:
 
     def __init__(self, name: str, cfg: TrainConfig, device: str, vocab_size: int, fast: bool):
         """fast: the run's resolved defaults (dtype, compile, fused AdamW on CUDA, fast dropout masks), else
-        nanoGPT's arithmetic (float32, eager, foreach AdamW, torch's dropout)."""
+        nanoGPT's arithmetic (float32, eager, torch's default AdamW, torch's dropout)."""
         dev = device_type(device)
         self.name, self.device = name, device
         self.dtype = resolve_dtype(cfg.dtype, dev, cfg.n_embd, cfg.cpu_bf16_min_width) if fast else "float32"
