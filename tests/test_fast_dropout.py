@@ -133,19 +133,17 @@ def test_as_ones_is_the_masks_conversion(dtype):
     assert ones.dtype == dtype and torch.equal(ones, keep.to(dtype))
 
 
-SPECIAL = [0.0, -0.0, 1.0, -2.5, 3.0e38, -3.0e38, 1e-40, float("inf"), float("-inf"), float("nan")]
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("scale", [1.0, 1 / 0.8, 1 / 0.95])
 def test_apply_mask_is_torchs_products_bit_for_bit(dtype, scale, mask_path):
     """x times the mask, then the scale rounded once: the kernel's one pass (bf16, float32) gives the bits of
     torch's products (the reference: float64 arithmetic rounded once to the dtype), signed zeros and a dropped
     infinity's NaN included; in place too; a strided x takes torch's products."""
-    values = torch.cat([torch.tensor(SPECIAL * 3), torch.randn(5003, generator=torch.Generator().manual_seed(4))])
+    values = torch.cat([torch.tensor(masks.SPECIAL * 3), torch.randn(5003, generator=torch.Generator().manual_seed(4))])
     x = values.to(dtype)
     keep = torch.rand(values.shape, generator=torch.Generator().manual_seed(5)) < 0.7
-    keep[: 3 * len(SPECIAL)] = torch.arange(3 * len(SPECIAL)) % 3 != 1  # every special value kept and dropped
+    special = 3 * len(masks.SPECIAL)
+    keep[:special] = torch.arange(special) % 3 != 1  # every special value kept and dropped
     expected = (x.double() * keep.double() * torch.tensor(scale, dtype=torch.float32).double()).to(dtype)
     assert masks.same_bits(masks.apply_mask(x, keep, scale), expected)
     inplace = x.clone()

@@ -28,8 +28,9 @@ void gptforge_keep_mask(uint8_t *restrict keep, int64_t n, uint64_t seed, int32_
 
 /* A mask applied: out[i] = (x[i] * keep[i]) * scale, rounded as torch rounds `(x * as_ones(keep)).mul_(scale)`:
  * x * keep is exact (0 or x; NaN for a dropped infinity or NaN; signed zeros kept), then the product with the float
- * scale is rounded once to x's type (bf16: to nearest even, NaN as 0x7FC0, as torch's conversion). One pass instead
- * of torch's four (the mask's two conversions, two products); out may be x. */
+ * scale is rounded once to x's type (bf16: to nearest even, NaN as 0x7FC0 as torch's scalar conversion writes it;
+ * its vectorised one writes 0xFFFF). One pass instead of torch's four (the mask's two conversions, two products);
+ * out may be x. */
 static inline float bf16_to_float(uint16_t h) {
     union { uint32_t u; float f; } v = {(uint32_t)h << 16};
     return v.f;

@@ -222,6 +222,10 @@ def _cpu_flags() -> str:
     return f"{platform.machine()} {flags.strip()}"
 
 
+# values a mask's application must round as torch does, each kept and dropped (_agrees, tests/test_fast_dropout.py)
+SPECIAL = [0.0, -0.0, 1.0, -2.5, 3.0e38, -3.0e38, 1e-40, float("inf"), float("-inf"), float("nan")]
+
+
 def _agrees(native: Native) -> bool:
     """The compiled kernel gives reference_keep's mask (a few words and a ragged tail, two seeds, two thresholds),
     and apply_mask's torch products bit for bit (special values kept and dropped; three scales)."""
@@ -231,8 +235,7 @@ def _agrees(native: Native) -> bool:
         reference_keep(theirs, seed, threshold)
         if not torch.equal(ours, theirs):
             return False
-    special = [0.0, -0.0, 1.0, -2.5, 3.0e38, -3.0e38, 1e-40, float("inf"), float("-inf"), float("nan")]
-    values = torch.cat([torch.tensor(special * 2), torch.randn(1021, generator=torch.Generator().manual_seed(3))])
+    values = torch.cat([torch.tensor(SPECIAL * 2), torch.randn(1021, generator=torch.Generator().manual_seed(3))])
     keep = torch.arange(values.numel()) % 3 != 1  # each special value both kept and dropped
     for dtype, function in native.masked.items():
         x = values.to(dtype)
@@ -288,5 +291,5 @@ def apply_mask(x: torch.Tensor, keep: torch.Tensor, scale: float = 1.0, out: tor
 
 
 def _torch_masked(x: torch.Tensor, keep: torch.Tensor, scale: float, out: torch.Tensor | None = None):
-    masked = torch.mul(x, as_ones(keep, x.dtype), out=out) if out is not None else x * as_ones(keep, x.dtype)
+    masked = torch.mul(x, as_ones(keep, x.dtype), out=out)
     return masked.mul_(scale) if scale != 1.0 else masked
