@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import run_cli, tiny_train_args
 
 
@@ -18,3 +20,21 @@ def test_mfu_of_a_real_run_against_the_measured_ceiling_stays_within_0_and_1(cha
     mfus = [rec["mfu"] for rec in records if rec["kind"] == "train" and rec["mfu"] is not None]
     assert len(mfus) >= 10  # from step 5 on (the first steps are warm-up)
     assert all(0 < mfu <= 1 for mfu in mfus), mfus
+
+
+@pytest.mark.parametrize(
+    "name, dtype, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", "bfloat16", 989e12),
+        ("NVIDIA H200", "bfloat16", 989e12),
+        ("NVIDIA H200", "float32", 494e12),
+    ],
+)
+def test_a_known_gpu_is_measured_against_its_data_sheet_peak(monkeypatch, name, dtype, peak):
+    """MFU on a GPU is against the data sheet's dense peak, not the 2048-wide probe (which read ~280-385 TFLOP/s of
+    bf16 on an H200): the H200 has the H100's tensor cores."""
+    from gptforge.core import device
+
+    monkeypatch.setattr(device.torch.cuda, "get_device_name", lambda _device=None: name)
+    monkeypatch.setattr(device, "measure_matmul_flops", lambda *a, **k: pytest.fail("measured a known GPU"))
+    assert device.peak_flops("cuda:0", dtype) == peak

@@ -74,6 +74,46 @@ def test_rotary_scores_depend_on_the_distance_only():
     assert score(3, 1) != pytest.approx(score(4, 1), rel=1e-3)
 
 
+def test_the_rotary_table_is_rotary_angles_computed_once():
+    """A rotary GPT keeps cos and sin of positions 0 .. block_size - 1 as buffers (moved with the model, out of its
+    state_dict): rotary_angles' own values, so the default positions give what explicit ones give, bit for bit, with
+    and without a KV cache. A compiled forward reads them: computed inside the graph, torch.compile fused pow, cos
+    and sin into every q and k kernel (docs/PERFORMANCE.md, "On a GPU")."""
+    model = tiny(**ALL_ON, rope_base=500.0).eval()
+    for start, T in ((0, 32), (5, 9), (31, 1)):
+        cos, sin = rotary_angles(torch.arange(start, start + T), 16, 500.0)
+        assert torch.equal(model.rope_cos[start : start + T], cos) and torch.equal(
+            model.rope_sin[start : start + T], sin
+        )
+    assert {n for n, _ in model.named_buffers()} == {"rope_cos", "rope_sin"}
+    assert not [k for k in model.state_dict() if "rope" in k]
+    assert "rope_cos" not in dict(tiny().named_buffers())  # learned positions: no table
+    idx = torch.randint(0, 37, (2, 32), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(model(idx, idx)[0], model(idx, idx, positions=torch.arange(32))[0])
+        caches = KVCache(2, 32), KVCache(2, 32)
+        for cache in caches:
+            model.hidden_states(idx[:, :20], cache)
+        after = model.hidden_states(idx[:, 20:], caches[0])
+        assert torch.equal(after, model.hidden_states(idx[:, 20:], caches[1], positions=torch.arange(20, 32)))
+
+    def trig_ops(**kw) -> set[str]:
+        graphs = []
+
+        def capture(gm, example_inputs):  # noqa: ANN001, ANN202 - dynamo's backend signature
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.compile(model, backend=capture, fullgraph=True)(idx, idx, **kw)
+        torch._dynamo.reset()
+        return {str(n.target) for g in graphs for n in g.graph.nodes if str(n.target) in ("cos", "sin")}
+
+    assert trig_ops() == set()
+    assert trig_ops(positions=torch.arange(32)) == {"cos", "sin"}  # given positions: computed in the graph
+
+
 @pytest.mark.parametrize("switch", sorted(SWITCHES))
 def test_each_switch_at_its_off_value_is_gpt2s_model(switch):
     idx = torch.randint(0, 37, (2, 32), generator=torch.Generator().manual_seed(2))

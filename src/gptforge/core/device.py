@@ -18,6 +18,7 @@ DTYPES = {name: getattr(torch, name) for name in CHOICES["dtype"] if name != "au
 # float32 is the TF32 tensor-core figure on Ampere and later, since configure_backends turns TF32 on.
 GPU_PEAK_FLOPS = {
     "H100": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12},
+    "H200": {"bfloat16": 989e12, "float16": 989e12, "float32": 494e12},  # the H100's tensor cores, more memory
     "A100": {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12},
     "A10G": {"bfloat16": 70e12, "float16": 70e12, "float32": 35e12},
     "L4": {"bfloat16": 121e12, "float16": 121e12, "float32": 60e12},

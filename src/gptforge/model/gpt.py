@@ -174,6 +174,8 @@ class GPT(nn.Module):
         if not config.untie_head:
             # Weight tying (Press & Wolf 2017): input embedding and output projection share one matrix.
             self.transformer.wte.weight = self.lm_head.weight
+        if config.rotary:
+            self.reset_rope()
         self.apply(self._init_weights)
         # Residual projections add into the stream once per attention and MLP, 2 * n_layer times in all;
         # scaling their init keeps the stream's variance from growing with depth (GPT-2 paper).
@@ -182,6 +184,18 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
                 if config.zero_init:  # modded-nanogpt: each block starts as the identity
                     nn.init.zeros_(p)
+
+    def reset_rope(self) -> None:
+        """The rotary cos and sin of positions 0 .. block_size - 1 (float32, (block_size, head_size / 2) each), computed
+        once: buffers that move with the model and stay out of its state_dict. Computed in each forward instead, they
+        are fused by torch.compile into every kernel that uses them, pow, cos and sin per element of q and k: 190 of
+        1,250 ms of a GPT-2 124M modern-recipe step on an H200 (docs/PERFORMANCE.md). A model built on the meta
+        device calls this again once its weights are in place."""
+        cfg, device = self.config, self.transformer.wte.weight.device
+        positions = torch.arange(cfg.block_size, dtype=torch.long, device=device)
+        cos, sin = rotary_angles(positions, cfg.n_embd // cfg.n_head, cfg.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -258,6 +272,10 @@ class GPT(nn.Module):
         """
         B, T = idx.size()
         start = cache.position if cache is not None else 0
+        cfg = self.config
+        rope = None
+        if cfg.rotary and positions is None and start + T <= self.rope_cos.size(0):
+            rope = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # rotary_angles' values
         if positions is None:
             if start + T > self.config.block_size and not (cache is not None and cache.ring and T <= cache.max_len):
                 raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
@@ -274,8 +292,8 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)  # (B, T, C)
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(positions)
-        cfg = self.config
-        rope = rotary_angles(positions, cfg.n_embd // cfg.n_head, cfg.rope_base) if cfg.rotary else None
+        if cfg.rotary and rope is None:
+            rope = rotary_angles(positions, cfg.n_embd // cfg.n_head, cfg.rope_base)
         if self.config.rmsnorm:
             x = rms_norm(x)  # nanochat normalises the embedding too
         x = self.transformer.drop(x)

@@ -33,7 +33,8 @@ def compile_and_wrap(model: GPT, cfg: TrainConfig, env: DistEnv, metrics: Metric
         metrics.info("compiling the model with torch.compile (the first step takes a while)...")
         model = torch.compile(model)
     if env.ddp and not env.fsdp(cfg.parallel):
-        model = DDP(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
+        # broadcast_buffers off: the only buffers are the rotary tables, the same on every rank by construction
+        model = DDP(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None, broadcast_buffers=False)
     return model
 
 

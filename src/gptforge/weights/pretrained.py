@@ -57,6 +57,8 @@ def load_pretrained(
     with torch.device("meta"):  # no random init of weights that are overwritten at once (gpt2-xl: 1.5B)
         model = GPT(GPTConfig(**args, dropout=dropout))
     model.load_state_dict(state, strict=True, assign=True)
+    if model.config.rotary:
+        model.reset_rope()  # built on the meta device with the model: now where the weights are
     if not model.config.untie_head:
         model.transformer.wte.weight = model.lm_head.weight  # assign=True replaced both: tie them again
     if block_size is not None and block_size < n_positions:
