@@ -82,3 +82,42 @@ def test_compare_names_its_baseline_and_warns_that_muon_steps_are_not_time_to_qu
     assert "per-step speed is not time to quality; compare that with --target_loss" in flat
     r = run_cli("bench", "--help", cwd=tmp_path)
     assert "With --target_loss: time to quality" in " ".join(r.stdout.split())
+
+
+def test_profile_sums_one_more_step_by_kind(tmp_path):
+    """--profile: one step after the timed ones under torch.profiler; every operator counted once, in one kind."""
+    r = run_cli("bench", *TINY, "--profile", "--json", "--iters=1", "--warmup=1", "--rounds=1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["profile"]
+    assert p["device"] == "cpu" and 0 < p["total_ms"] <= p["wall_ms"] * 1.1
+    assert sum(p["kinds"].values()) == pytest.approx(p["total_ms"], rel=1e-9)
+    names = [name for name, _, _ in p["top"]]
+    assert "aten::mm" in names and p["kinds"]["matmul"] > 0
+    assert all(calls >= 1 and ms >= 0 for _, ms, calls in p["top"])
+    r = run_cli("bench", *TINY, "--profile", "--iters=1", "--warmup=0", "--rounds=1", cwd=tmp_path)
+    assert r.returncode == 0 and "profile of one more step" in r.stdout and "matmul" in r.stdout, r.stderr
+    r = run_cli("bench", *TINY, "--profile", "--target_loss=2.0", cwd=tmp_path)
+    assert r.returncode == 2 and "--profile profiles one training step" in r.stderr, r.stderr
+
+
+def test_profile_kinds_of_the_kernels_an_h200_ran():
+    """Kernel names seen in a GPT-2 124M step on an H200 (torch 2.11, compile, bf16; docs/PERFORMANCE.md), cut
+    short, each in the kind a reader expects."""
+    from gptforge.bench.profile import GPU_KINDS, summarize
+
+    seen = {
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "matmul",
+        "nvjet_sm90_tst_192x192_64x3_1x2_h_bz_coopB_splitK_NTN": "matmul",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1": "attention",
+        "void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*, void const*)": "attention",
+        "triton_red_fused__log_softmax__log_softmax_backward_data__to_copy_add_arange_eq_expand_nll": "loss (softmax)",
+        "triton_poi_fused_gelu_gelu_backward_view_6": "fused (inductor)",
+        "triton_per_fused__fused_rms_norm__to_copy__unsafe_view_add_arange_cat_cos_div_mul": "fused (inductor)",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>>": "copy / fill",
+    }
+    for name, kind in seen.items():
+        result = summarize({name: [2.0, 3]}, GPU_KINDS, 5.0, "cuda:0")
+        assert result["kinds"] == {kind: 2.0}, (name, result["kinds"])
+    both = summarize({n: [1.0, 1] for n in seen}, GPU_KINDS, 20.0, "cuda:0")
+    assert both["total_ms"] == len(seen) and sum(both["kinds"].values()) == len(seen)
+    assert both["kinds"]["matmul"] == 2.0 and both["kinds"]["attention"] == 2.0

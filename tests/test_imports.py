@@ -48,7 +48,7 @@ GROUPS = [
     ("evaluate.loss", "evaluate.chat", "evaluate.hellaswag", "evaluate.harness_model", "evaluate.harness"),
     ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),
     ("train.start", "train.setup", "train.loop"),
-    ("bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
+    ("bench.profile", "bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
     ("cli.common_args", "cli.tokenizer_args", "cli.chat_args", "cli.args", "cli.bench_args", "cli.main"),  # the CLI
 ]
 STAGES = ["core", "model", "tokenizer", "chat", "data", "weights", "infer", "evaluate", "train", "bench", "cli"]

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from gptforge.bench.profile import print_profile, profile_step
 from gptforge.core.allocator import keep_freed_memory
 from gptforge.core.config import TrainConfig
 from gptforge.core.console import log
@@ -128,7 +129,9 @@ class Mode:
         return time.perf_counter() - t0
 
 
-def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rounds: int) -> dict[str, Any]:
+def bench_training(
+    cfg: TrainConfig, compare: bool, iters: int, warmup: int, rounds: int, profile: bool = False
+) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     dev_type = device_type(device)
     configure_backends(dev_type)
@@ -151,6 +154,7 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
         + ", ".join(f"{m.name} ({m.dtype}, compile={m.compile}, fast_dropout={m.fast_dropout})" for m in modes)
     )
     time_modes(modes, device, warmup, iters, rounds)
+    profiled = profile_step(default.step, device) if profile else None
     peaks = {dt: measure_matmul_flops(device, dt) for dt in ("float32", "bfloat16")}
     out: dict[str, Any] = {}
     for m in modes:
@@ -170,6 +174,8 @@ def bench_training(cfg: TrainConfig, compare: bool, iters: int, warmup: int, rou
             "fast_dropout": m.fast_dropout,
             "achieved_flops": flops / dt,
         }
+    if profiled is not None:
+        out["profile"] = profiled
     if compare:
         out["speedup"] = out["default"]["tokens_per_s"] / out["baseline"]["tokens_per_s"]
         out["baseline_is"] = BASELINE
@@ -277,11 +283,12 @@ def run_bench(
     rounds: int,
     generation: bool,
     tokenizers: str | None,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """The `gptforge bench` command: prints a table to stderr, or one JSON object to stdout with --json."""
     if iters <= 0 or warmup < 0 or rounds <= 0:
         raise UserError("--iters and --rounds must be positive and --warmup not negative")
-    result = bench_training(cfg, compare, iters, warmup, rounds)
+    result = bench_training(cfg, compare, iters, warmup, rounds, profile)
     if generation:
         result["generation"] = bench_generation(cfg)
     if tokenizers is not None:
@@ -320,6 +327,8 @@ def print_result(result: dict[str, Any], cfg: TrainConfig) -> None:
         + f" GFLOP/s; MFU against {dev['peak_flops'] / 1e9:,.0f} GFLOP/s, the ceiling of the default's "
         f"{result['default']['dtype']}"
     )
+    if "profile" in result:
+        print_profile(result["profile"])
     if "generation" in result:
         g = result["generation"]
         print(

@@ -16,7 +16,7 @@ def bench_parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
         allow_abbrev=False,
         usage="gptforge bench [CONFIG_FILE ...] [--key=value ...] [--compare] [--json] [--iters N] [--warmup N] "
-        "[--rounds N] [--generation] [--tokenizers[=TEXT_FILE]]\n"
+        "[--rounds N] [--profile] [--generation] [--tokenizers[=TEXT_FILE]]\n"
         "       gptforge bench CONFIG_FILE [--key=value ...] --target_loss=X [--compare=OTHER_CONFIG_FILE] "
         "[--eval_every N] [--eval_tokens N] [--max_seconds S] [--json]",
         description="Measure a config. By default: time its real training step (forward, backward, clipping, "
@@ -45,6 +45,12 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=5, help="timed steps per mode and round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="then one more step under torch.profiler: its time by kind (matrix products, attention, fused "
+        "kernels, the loss, the optimizer...) and the largest kernels (GPU) or operators (CPU)",
+    )
     p.add_argument(
         "--generation", action="store_true", help="also time sampling 500 tokens, with and without the KV cache"
     )

@@ -83,6 +83,9 @@ def run_bench(args: list[str]) -> int:
     if opts.target_loss is not None or opts.target_bpb is not None:
         from gptforge.bench.time_to_loss import run_time_to_loss
 
+        if opts.profile:
+            raise UserError("--profile profiles one training step; it does not go with --target_loss / --target_bpb")
+
         metric, target = ("loss", opts.target_loss) if opts.target_loss is not None else ("bpb", opts.target_bpb)
 
         files = [a for a in rest if not a.startswith("--") and a.endswith(".py")]
@@ -110,6 +113,7 @@ def run_bench(args: list[str]) -> int:
         iters=opts.iters,
         warmup=opts.warmup,
         rounds=opts.rounds,
+        profile=opts.profile,
         generation=opts.generation,
         tokenizers=opts.tokenizers,
     )
