@@ -272,10 +272,7 @@ class GPT(nn.Module):
         """
         B, T = idx.size()
         start = cache.position if cache is not None else 0
-        cfg = self.config
-        rope = None
-        if cfg.rotary and positions is None and start + T <= self.rope_cos.size(0):
-            rope = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # rotary_angles' values
+        counted = positions is None  # start, start + 1, ...: the rotary table holds their angles
         if positions is None:
             if start + T > self.config.block_size and not (cache is not None and cache.ring and T <= cache.max_len):
                 raise ValueError(f"sequence of length {start + T} is longer than block_size {self.config.block_size}")
@@ -292,7 +289,10 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)  # (B, T, C)
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(positions)
-        if cfg.rotary and rope is None:
+        cfg, rope = self.config, None
+        if cfg.rotary and counted and start + T <= self.rope_cos.size(0):
+            rope = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # rotary_angles' values
+        elif cfg.rotary:
             rope = rotary_angles(positions, cfg.n_embd // cfg.n_head, cfg.rope_base)
         if self.config.rmsnorm:
             x = rms_norm(x)  # nanochat normalises the embedding too
