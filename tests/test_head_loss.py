@@ -1,6 +1,7 @@
 """head_loss (the LM head's loss in row chunks, its gradient made in forward) against a float64 computation of
 cross_entropy(softcap(x W^T)): loss and gradients, every reduction, unscored targets, chunks of any size; and the
-model takes it only where it should, with the plain expression's loss."""
+model takes it only where it should, with the plain expression's loss. compiled_loss (the loss under torch.compile)
+against the same float64 computation, and a compiled training forward against the plain one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 
 from gptforge.model import head_loss as head_loss_module
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.head_loss import head_loss, head_loss_pays
+from gptforge.model.head_loss import compiled_loss, head_loss, head_loss_pays
 
 
 def reference(x, weight, targets, cap, reduction):
@@ -116,3 +117,60 @@ def test_training_takes_head_loss_only_where_it_pays_with_the_plain_loss(switche
     with torch.no_grad():  # evaluation: the plain expression
         assert model(idx, targets, need_logits=False)[0] is not None
     assert not head_loss_pays(torch.zeros(2, 4), 65, 15.0)  # a character vocabulary
+
+
+def logits_inputs(N=41, V=1100, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(N, V, generator=gen, dtype=torch.float64) * 6.0
+    targets = torch.randint(0, V, (N,), generator=gen)
+    targets[::4] = -1  # not scored
+    return logits, targets
+
+
+def capped_reference(logits, targets, cap, reduction):
+    """float64, written out: cross_entropy(cap * tanh(logits / cap)), targets of -1 not scored."""
+    z = cap * torch.tanh(logits / cap) if cap else logits
+    return F.cross_entropy(z, targets, ignore_index=-1, reduction=reduction)
+
+
+@pytest.mark.parametrize("cap", [0.0, 15.0])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_compiled_loss_equals_float64_cross_entropy_with_its_gradient(cap, reduction):
+    """CompiledLoss's own forward and backward (run eagerly here) against autograd through float64."""
+    l64, targets = logits_inputs()
+    logits = l64.float().requires_grad_()
+    loss = compiled_loss(logits, targets, cap, reduction)
+    l64.requires_grad_()
+    expected = capped_reference(l64, targets, cap, reduction)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=1e-6)
+    (loss * 3.0).backward()
+    (expected * 3.0).backward()
+    torch.testing.assert_close(logits.grad.double(), l64.grad, rtol=1e-5, atol=1e-7)
+    assert torch.count_nonzero(logits.grad[::4]) == 0  # unscored rows get no gradient
+    none = torch.full((l64.size(0),), -1)
+    assert compiled_loss(l64.float(), none, cap, "sum").item() == 0.0
+    assert math.isnan(compiled_loss(l64.float(), none, cap, "mean").item())  # as F.cross_entropy
+
+
+def test_compiled_training_takes_the_compiled_loss_with_the_plain_loss_and_gradients():
+    """Under torch.compile a training forward (need_logits=False) gives no logits (inductor does not write the
+    capped (tokens, V) logits) and the loss and gradients of the plain expression; evaluation keeps the logits."""
+    model = bpe_model(logit_softcap=15.0, rmsnorm=True, untie_head=True, rotary=True)
+    gen = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, 1088, (3, 16), generator=gen)
+    targets = idx.masked_fill(torch.rand(3, 16, generator=gen) < 0.2, -1)
+    compiled = torch.compile(model, fullgraph=True)
+
+    def run(net, need_logits):
+        model.zero_grad()
+        logits, loss = net(idx, targets, need_logits=need_logits)
+        loss.backward()
+        return logits, loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    logits, loss, grads = run(compiled, need_logits=False)
+    assert logits is None
+    plain_logits, plain_loss, plain_grads = run(model, need_logits=True)
+    assert plain_logits is not None
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)

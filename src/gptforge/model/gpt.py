@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from gptforge.core.shape import ModelShape
 from gptforge.model.attention import attention, own_attention_pays
-from gptforge.model.head_loss import head_loss, head_loss_pays
+from gptforge.model.head_loss import compiled_loss, head_loss, head_loss_pays
 from gptforge.model.layers import (
     Dropout,
     KVCache,
@@ -244,6 +244,8 @@ class GPT(nn.Module):
         cap, weight = self.config.logit_softcap, self.lm_head.weight
         if not need_logits and head_loss_pays(x, weight.size(0), cap):
             return None, head_loss(x, weight, targets, cap, reduction)
+        if not need_logits and torch.compiler.is_compiling():  # the loss's passes in as few kernels as inductor fuses
+            return None, compiled_loss(self.lm_head(x), targets, cap, reduction)
         logits = self.logits(x)  # (B, T, V)
         # Cross-entropy in float32 even under autocast: the softmax over 50k entries needs the range.
         flat = logits.float().view(-1, logits.size(-1))

@@ -89,3 +89,47 @@ def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor, cap: float) -> torc
         probs.mul_(t.mul_(t).neg_().add_(1.0))
     logits.copy_(probs)
     return loss
+
+
+def compiled_loss(logits: torch.Tensor, targets: torch.Tensor, cap: float, reduction: str) -> torch.Tensor:
+    """The training loss under torch.compile: cross_entropy(cap * tanh(logits / cap), targets) (no soft-cap when
+    cap is 0) in float32 from the head's raw logits (..., V) in their own dtype; targets of -1 not scored,
+    reduction 'mean' (nan when none is scored, as F.cross_entropy) or 'sum'. See CompiledLoss."""
+    return CompiledLoss.apply(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), cap, reduction)
+
+
+class CompiledLoss(torch.autograd.Function):
+    """compiled_loss as one autograd step that inductor fuses into three passes over the (tokens, V) logits: one
+    reading them for each row's log-sum-exp and target, and in backward one reading them again and writing their
+    gradient (the softmax minus the target's one, times the soft-cap's 1 - tanh^2), the target's one compared in
+    the same kernel. torch's expression under compile writes the capped logits, keeps a float32 copy for backward
+    and builds the target's one by a fill and a scatter over a second (tokens, V) tensor (docs/PERFORMANCE.md)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, cap, reduction):  # noqa: ANN001, ANN205
+        z = logits.float()
+        if cap > 0:
+            z = torch.tanh(z / cap) * cap
+        lse = torch.logsumexp(z, dim=-1)  # (N,)
+        scored = targets != -1
+        index = torch.where(scored, targets, 0)
+        losses = torch.where(scored, lse - z.gather(1, index.unsqueeze(1)).squeeze(1), 0.0)
+        count = scored.sum()
+        ctx.save_for_backward(logits, lse, index, scored, count)
+        ctx.cap, ctx.mean = cap, reduction == "mean"
+        return losses.sum() / count if ctx.mean else losses.sum()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        logits, lse, index, scored, count = ctx.saved_tensors
+        z = logits.float()
+        if ctx.cap > 0:
+            t = torch.tanh(z / ctx.cap)
+            z = t * ctx.cap
+        probs = torch.exp(z - lse.unsqueeze(1))
+        one = torch.arange(logits.size(1), device=logits.device) == index.unsqueeze(1)
+        d = torch.where(one, probs - 1.0, probs)
+        if ctx.cap > 0:
+            d = d * (1.0 - t * t)
+        row = torch.where(scored, grad / count if ctx.mean else grad, 0.0)  # (N,)
+        return (d * row.unsqueeze(1)).to(logits.dtype), None, None, None
