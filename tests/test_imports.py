@@ -23,6 +23,7 @@ GROUPS = [
     (
         "model.masks",
         "model.layers",
+        "model.linear",
         "model.attention",
         "model.head_loss",
         "model.gpt",

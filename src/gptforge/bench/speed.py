@@ -31,6 +31,7 @@ from gptforge.core.device import (
     resolve_device,
     resolve_dtype,
     resolve_fast_dropout,
+    resolve_onednn_f32,
 )
 from gptforge.core.errors import UserError
 from gptforge.core.memory import check_fits
@@ -83,17 +84,19 @@ class Mode:
     """One way of running the step: a model, its optimizer and settings, ready to time."""
 
     def __init__(self, name: str, cfg: TrainConfig, device: str, vocab_size: int, fast: bool):
-        """fast: the run's resolved defaults (dtype, compile, fused AdamW on CUDA, fast dropout masks), else
-        nanoGPT's arithmetic (float32, eager, torch's default AdamW, torch's dropout)."""
+        """fast: the run's resolved defaults (dtype, compile, fused AdamW on CUDA, fast dropout masks, oneDNN's float32
+        products), else nanoGPT's arithmetic (float32, eager, torch's default AdamW, torch's dropout and products)."""
         dev = device_type(device)
         self.name, self.device = name, device
         self.dtype = resolve_dtype(cfg.dtype, dev, cfg.n_embd, cfg.cpu_bf16_min_width) if fast else "float32"
         self.compile = resolve_compile(cfg.compile, dev) if fast else False
         self.fast_dropout = fast and resolve_fast_dropout(cfg.fast_dropout, dev)
+        self.onednn_f32 = fast and resolve_onednn_f32(cfg.onednn_f32, dev)
         fused = fast and dev == "cuda"
         torch.manual_seed(cfg.seed)  # both modes start from the same weights
         self.raw = GPT(GPTConfig(**model_args(cfg, vocab_size), dropout=cfg.dropout)).to(device)
         self.raw.use_fast_dropout(self.fast_dropout)
+        self.raw.use_onednn_f32(self.onednn_f32)
         self.optimizer = configure_optimizer(
             self.raw,
             cfg.weight_decay,
@@ -151,7 +154,11 @@ def bench_training(
     log(
         f"model {default.raw.get_num_params() / 1e6:.2f}M params, {tokens_per_iter:,} tokens/iter on {device}; "
         "modes: "
-        + ", ".join(f"{m.name} ({m.dtype}, compile={m.compile}, fast_dropout={m.fast_dropout})" for m in modes)
+        + ", ".join(
+            f"{m.name} ({m.dtype}, compile={m.compile}, fast_dropout={m.fast_dropout}"
+            f"{', onednn_f32=True' if m.onednn_f32 and m.dtype == 'float32' else ''})"
+            for m in modes
+        )
     )
     time_modes(modes, device, warmup, iters, rounds)
     profiled = profile_step(default.step, device) if profile else None
@@ -172,6 +179,7 @@ def bench_training(
             "compile": m.compile,
             "compile_s": m.compile_s,
             "fast_dropout": m.fast_dropout,
+            "onednn_f32": m.onednn_f32,
             "achieved_flops": flops / dt,
         }
     if profiled is not None:
@@ -294,7 +302,7 @@ def run_bench(
     if tokenizers is not None:
         result["tokenizers"] = bench_tokenizers(tokenizers or None)
     shown = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "gradient_accumulation_steps", "dropout")
-    result["config"] = {k: getattr(cfg, k) for k in (*shown, "bias", "dtype", "compile", "fast_dropout")}
+    result["config"] = {k: getattr(cfg, k) for k in (*shown, "bias", "dtype", "compile", "fast_dropout", "onednn_f32")}
     if as_json:
         print(json.dumps(result))
     else:

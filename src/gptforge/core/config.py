@@ -187,6 +187,13 @@ class TrainConfig(ModelShape):
         "expectation, other random numbers): True, False (nanoGPT's draws exactly) or 'auto' (on for CPU, off "
         "elsewhere)",
     )
+    onednn_f32: bool | str = setting(
+        "auto",
+        "float32 CPU products of the Linear layers (forward and backward) by oneDNN instead of torch's BLAS (MKL, "
+        "which runs its AVX2 code on AMD processors): the same sums in another order. True, False (torch's "
+        "arithmetic exactly) or 'auto' (on for AMD CPUs of family 26 (Zen 5) and later with AVX-512, off "
+        "elsewhere)",
+    )
     sample_interval: int = setting(
         0,
         "optimizer steps between text samples during training (samples.jsonl); 0 = off",

@@ -23,6 +23,7 @@ from gptforge.model.layers import (
     rms_norm,
     rotary_angles,
 )
+from gptforge.model.linear import Linear
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.fast_dropout = False  # GPT.use_fast_dropout sets it
         self.qk_norm = config.qk_norm
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
+        self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = Dropout(config.dropout)
 
     def forward(
@@ -123,11 +124,11 @@ class SquaredReLU(torch.autograd.Function):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         # gelu 'erf': nanoGPT's exact GELU; 'tanh': GPT-2's approximation, which its weights were trained with
         approximate = {"erf": "none", "tanh": "tanh"}[config.gelu]
         self.gelu = ReLU2() if config.relu2 else nn.GELU(approximate=approximate)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -170,7 +171,7 @@ class GPT(nn.Module):
             ln_f=norm_layer(config),
         )
         self.transformer = nn.ModuleDict(parts)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         if not config.untie_head:
             # Weight tying (Press & Wolf 2017): input embedding and output projection share one matrix.
             self.transformer.wte.weight = self.lm_head.weight
@@ -205,6 +206,14 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def use_onednn_f32(self, on: bool) -> None:
+        """Compute every Linear's float32 CPU products (forward and backward) with oneDNN's matmul instead of torch's
+        (model/linear.py): the same sums in another order. Off (a new model's default), torch's arithmetic, rounding
+        for rounding."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.onednn = on
 
     def use_fast_dropout(self, on: bool) -> None:
         """Draw every dropout mask (embeddings, attention, residual) with keep_mask instead of torch's bernoulli:
@@ -321,11 +330,13 @@ class GPT(nn.Module):
             nn.init.normal_(head, mean=0.0, std=0.02)
             with torch.no_grad():
                 head[:old] = self.lm_head.weight
-            self.lm_head = nn.Linear(weight.size(1), rows, bias=False).to(weight.device, weight.dtype)
-            self.lm_head.weight = nn.Parameter(head)
+            onednn = self.lm_head.onednn
+            self.lm_head = Linear(weight.size(1), rows, bias=False).to(weight.device, weight.dtype)
+            self.lm_head.weight, self.lm_head.onednn = nn.Parameter(head), onednn
         else:
-            self.lm_head = nn.Linear(weight.size(1), rows, bias=False).to(weight.device, weight.dtype)
-            self.lm_head.weight = self.transformer.wte.weight  # tied again
+            onednn = self.lm_head.onednn
+            self.lm_head = Linear(weight.size(1), rows, bias=False).to(weight.device, weight.dtype)
+            self.lm_head.weight, self.lm_head.onednn = self.transformer.wte.weight, onednn  # tied again
         self.config = dataclasses.replace(self.config, vocab_size=rows)
 
     def crop_block_size(self, block_size: int) -> None:

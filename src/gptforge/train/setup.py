@@ -157,7 +157,8 @@ def describe(run: Run, start: Start, malloc: str) -> str:
     return (
         f"model: {run.raw_model.get_num_params() / 1e6:.2f}M parameters | device {env.device}, dtype {cfg.dtype}, "
         f"compile {cfg.compile}, {env.world_size} process(es), dropout {cfg.dropout}"
-        f"{' (fast masks)' if cfg.fast_dropout and cfg.dropout > 0 else ''}\n"
+        f"{' (fast masks)' if cfg.fast_dropout and cfg.dropout > 0 else ''}"
+        f"{', float32 products by oneDNN' if cfg.onednn_f32 and cfg.dtype == 'float32' else ''}\n"
         f"tokens per iteration: {run.tokens_per_iter:,} = {run.accum} accumulation x {env.world_size} processes x "
         f"{cfg.batch_size} batch x {cfg.block_size} block\n"
         f"memory: {start.memory.describe()} estimated per process\n"

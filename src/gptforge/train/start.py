@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptforge.core.config import FIELDS, TrainConfig, loader_kind
-from gptforge.core.device import available_memory, resolve_compile, resolve_dtype, resolve_fast_dropout
+from gptforge.core.device import (
+    available_memory,
+    resolve_compile,
+    resolve_dtype,
+    resolve_fast_dropout,
+    resolve_onednn_f32,
+)
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.core.files import CKPT
@@ -223,6 +229,7 @@ def resolve_config(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], start: 
         dtype=resolve_dtype(cfg.dtype, env.device_type, n_embd, cfg.cpu_bf16_min_width),
         compile=resolve_compile(cfg.compile, env.device_type),
         fast_dropout=resolve_fast_dropout(cfg.fast_dropout, env.device_type),
+        onednn_f32=resolve_onednn_f32(cfg.onednn_f32, env.device_type),
         data_loader=loader_kind(meta, cfg.data_loader),
         hellaswag_interval=hellaswag_interval,
         **shape,
@@ -230,10 +237,11 @@ def resolve_config(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], start: 
 
 
 def build_model(cfg: TrainConfig, start: Start) -> GPT:
-    """The network with its dropout draws set: the Hugging Face weights already loaded, or a new GPT (the
-    checkpoint's weights put in)."""
+    """The network with its dropout draws and float32 CPU products set: the Hugging Face weights already loaded, or a
+    new GPT (the checkpoint's weights put in)."""
     model = start.model or GPT(GPTConfig(**start.args, dropout=cfg.dropout))
     model.use_fast_dropout(cfg.fast_dropout)
+    model.use_onednn_f32(cfg.onednn_f32)
     if start.ckpt is not None:
         load_model_state(model, start.ckpt["model"], start.source)
     return model
