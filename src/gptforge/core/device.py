@@ -86,8 +86,8 @@ def onednn_f32_pays(cpuinfo: str | None = None, capability: str | None = None) -
     later with AVX-512, where MKL runs its AVX2 code on full-width 512-bit units (Zen 5: ~450 against ~215 GFLOP/s
     on 2 cores, a float32 training step 0.65-0.78x the time). Zen 4 (family 25) splits each 512-bit operation in two,
     so AVX-512 has no more float32 throughput there than MKL's AVX2 code: not measured, it keeps torch's. So do
-    Intel's, where MKL has AVX-512 code, and AVX2-only processors (oneDNN's AVX2 kernels within -20..+15% of MKL's
-    on a Zen 5 with AVX-512 turned off). cpuinfo and capability default to this machine's."""
+    Intel's, where MKL has AVX-512 code, and AVX2-only processors (oneDNN's AVX2 kernels 0.9-1.2x MKL's on a Zen 5
+    with AVX-512 turned off; not measured on one). cpuinfo and capability default to this machine's."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as fh:
