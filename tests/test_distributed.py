@@ -298,3 +298,25 @@ def test_a_ddp_checkpoint_resumes_under_fsdp_and_back(char_data, tmp_path):
     assert max(abs(a - b) for a, b in zip(whole, switching, strict=True)) < 1e-5, (whole, switching)
     a, b = load_checkpoint(str(tmp_path / "whole" / "ckpt.pt")), load_checkpoint(str(out / "ckpt.pt"))
     assert max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"]) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_onednn_products_under_ddp_and_fsdp_match_one_process(char_data, tmp_path, parallel):
+    """onednn_f32 asked for (any x86 CPU), with micro-batches of 8 x 64 tokens so that the blocks' Linears of a
+    64-wide model take oneDNN: DDP's and FSDP's ranks (FSDP's layers gathered from shards) give one process's
+    losses."""
+    from gptforge.core.device import onednn_f32_available
+
+    if not onednn_f32_available():
+        pytest.skip("oneDNN's matmul needs an x86-64 torch with oneDNN")
+    common = {**DDP_RUN, "batch_size": 8, "block_size": 64, "n_embd": 64, "max_iters": 4, "onednn_f32": True}
+    single = one_process(char_data, tmp_path / "single", common)
+    run = tmp_path / parallel
+    r = torchrun(*tiny_train_args(char_data, run, parallel=parallel, **common))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "float32 products by oneDNN" in r.stdout
+    one, _ = losses(single)
+    two, _ = losses(run)
+    assert len(one) == len(two) == 4
+    assert max(abs(a - b) for a, b in zip(one, two, strict=True)) < 1e-4, (one, two)
