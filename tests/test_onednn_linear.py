@@ -75,13 +75,13 @@ def test_an_expanded_gradient_and_a_strided_input():
 def calls(monkeypatch):
     """How many oneDNN products the layers called."""
     seen = []
-    real = linear_module._nt
+    real = linear_module.onednn_nt
 
     def counting(*args, **kwargs):
         seen.append(args[0].shape)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(linear_module, "_nt", counting)
+    monkeypatch.setattr(linear_module, "onednn_nt", counting)
     return seen
 
 
@@ -148,15 +148,15 @@ def test_the_switch_survives_a_grown_vocabulary():
 
 
 def test_auto_is_on_for_amd_processors_with_full_width_avx512_only():
-    def cpu(vendor, family):
-        return f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 2\nflags\t\t: avx2 avx512f\n"
+    def cpu(vendor, family, capability):
+        return {"vendor": vendor, "family": str(family), "capability": capability}
 
-    assert onednn_f32_pays(cpu("AuthenticAMD", 26), "AVX512") is True  # Zen 5
-    assert onednn_f32_pays(cpu("AuthenticAMD", 26), "AVX2") is False  # AVX-512 turned off
-    assert onednn_f32_pays(cpu("AuthenticAMD", 25), "AVX512") is False  # Zen 4: 512-bit operations in two halves
-    assert onednn_f32_pays(cpu("AuthenticAMD", 23), "AVX2") is False  # Zen 2: MKL's AVX2 code is as fast
-    assert onednn_f32_pays(cpu("GenuineIntel", 6), "AVX512") is False  # MKL has its AVX-512 code there
-    assert onednn_f32_pays("", "AVX512") is False
+    assert onednn_f32_pays(cpu("AuthenticAMD", 26, "AVX512")) is True  # Zen 5
+    assert onednn_f32_pays(cpu("AuthenticAMD", 26, "AVX2")) is False  # AVX-512 turned off
+    assert onednn_f32_pays(cpu("AuthenticAMD", 25, "AVX512")) is False  # Zen 4: 512-bit operations in two halves
+    assert onednn_f32_pays(cpu("AuthenticAMD", 23, "AVX2")) is False  # Zen 2: MKL's AVX2 code is as fast
+    assert onednn_f32_pays(cpu("GenuineIntel", 6, "AVX512")) is False  # MKL has its AVX-512 code there
+    assert onednn_f32_pays(cpu("", "", "AVX512")) is False  # no /proc/cpuinfo
     here = onednn_f32_pays()
     assert resolve_onednn_f32("auto", "cpu") is here
     assert resolve_onednn_f32("auto", "cuda") is False and resolve_onednn_f32(True, "cuda") is False

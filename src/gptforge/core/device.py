@@ -7,7 +7,6 @@ import contextlib
 import functools
 import os
 import platform
-import re
 import time
 
 import torch
@@ -66,6 +65,12 @@ def cpu_has_fast_bf16() -> bool:
     return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
 
 
+def onednn_nt(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b.T (+ bias) by oneDNN's matmul, whatever torch's BLAS is: a (M, K), b (N, K), either may be a transposed
+    view. float32 on an x86-64 CPU where onednn_f32_available()."""
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+
+
 @functools.cache
 def onednn_f32_available() -> bool:
     """oneDNN's float32 matmul can be called (an x86-64 torch built with it) and agrees with a float64 product."""
@@ -74,29 +79,24 @@ def onednn_f32_available() -> bool:
     try:
         gen = torch.Generator().manual_seed(0)
         a, b = torch.randn(67, 129, generator=gen), torch.randn(33, 129, generator=gen)
-        got = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+        got = onednn_nt(a, b)
     except (RuntimeError, AttributeError):
         return False
     want = (a.double() @ b.double().t()).float()
     return got.shape == want.shape and bool(torch.allclose(got, want, rtol=1e-5, atol=1e-4))
 
 
-def onednn_f32_pays(cpuinfo: str | None = None, capability: str | None = None) -> bool:
+def onednn_f32_pays(kind: dict[str, str | int | bool] | None = None) -> bool:
     """Where oneDNN's float32 matmul measured faster than torch's (MKL's): AMD processors of family 26 (Zen 5) and
     later with AVX-512, where MKL runs its AVX2 code on full-width 512-bit units (Zen 5: ~450 against ~215 GFLOP/s
     on 2 cores, a float32 training step 0.65-0.78x the time). Zen 4 (family 25) splits each 512-bit operation in two,
     so AVX-512 has no more float32 throughput there than MKL's AVX2 code: not measured, it keeps torch's. So do
     Intel's, where MKL has AVX-512 code, and AVX2-only processors (oneDNN's AVX2 kernels 0.9-1.2x MKL's on a Zen 5
-    with AVX-512 turned off; not measured on one). cpuinfo and capability default to this machine's."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as fh:
-                cpuinfo = fh.read(8192)
-        except OSError:
-            return False
-    capability = capability or torch.backends.cpu.get_cpu_capability()
-    family = re.search(r"^cpu family\s*:\s*(\d+)", cpuinfo, flags=re.M)
-    return "AuthenticAMD" in cpuinfo and capability == "AVX512" and family is not None and int(family.group(1)) >= 26
+    with AVX-512 turned off; not measured on one). kind: cpu_kind()'s facts, this machine's by default."""
+    kind = kind if kind is not None else cpu_kind()
+    family = str(kind["family"])
+    full_width = family.isdigit() and int(family) >= 26
+    return kind["vendor"] == "AuthenticAMD" and kind["capability"] == "AVX512" and full_width
 
 
 def cpu_kind() -> dict[str, str | int | bool]:
@@ -118,6 +118,7 @@ def cpu_kind() -> dict[str, str | int | bool]:
         pass
     flags = set(info.get("flags", "").split())
     return {
+        "vendor": info.get("vendor_id", ""),
         "model": info.get("model name", ""),
         "family": info.get("cpu family", ""),
         "model_number": info.get("model", ""),
@@ -219,7 +220,7 @@ def measure_matmul_flops(device: str, dtype: str, n: int | None = None, reps: in
     cuda = device.startswith("cuda")
     products = [torch.matmul]
     if device_type(device) == "cpu" and dtype == "float32" and onednn_f32_available():
-        products.append(lambda a, b: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))  # onednn_f32
+        products.append(onednn_nt)  # what onednn_f32 trains with
     best = float("inf")
     for product in products:  # a CPU's float32: the faster of torch's BLAS and oneDNN, which training may use
         for _ in range(reps + 1):  # the first product warms up kernels and caches

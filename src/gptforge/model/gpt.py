@@ -330,13 +330,12 @@ class GPT(nn.Module):
             nn.init.normal_(head, mean=0.0, std=0.02)
             with torch.no_grad():
                 head[:old] = self.lm_head.weight
-            onednn = self.lm_head.onednn
-            self.lm_head = Linear(weight.size(1), rows, bias=False).to(weight.device, weight.dtype)
-            self.lm_head.weight, self.lm_head.onednn = nn.Parameter(head), onednn
+            head_weight = nn.Parameter(head)
         else:
-            onednn = self.lm_head.onednn
-            self.lm_head = Linear(weight.size(1), rows, bias=False).to(weight.device, weight.dtype)
-            self.lm_head.weight, self.lm_head.onednn = self.transformer.wte.weight, onednn  # tied again
+            head_weight = self.transformer.wte.weight  # tied again
+        onednn = self.lm_head.onednn
+        self.lm_head = Linear(weight.size(1), rows, bias=False).to(weight.device, weight.dtype)
+        self.lm_head.weight, self.lm_head.onednn = head_weight, onednn
         self.config = dataclasses.replace(self.config, vocab_size=rows)
 
     def crop_block_size(self, block_size: int) -> None:

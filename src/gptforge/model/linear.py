@@ -5,7 +5,7 @@ have AVX-512: on a Zen 5 EPYC ~215 GFLOP/s on 2 cores, against ~450 for oneDNN's
 too and which pick their code by the CPU's features alone (docs/PERFORMANCE.md). `Linear` is nn.Linear (the same
 parameters, names, initialisation and state_dict) whose forward, when `onednn` is set on it and the product is
 float32 on a CPU outside autocast and torch.compile, computes the product and both gradients with oneDNN's
-matmul (`torch.ops.mkldnn._linear_pointwise`). They are the same sums in another order: the results agree with
+matmul (`core.device.onednn_nt`). They are the same sums in another order: the results agree with
 torch's to float32 rounding, not bit for bit. A model is built with it off (torch's arithmetic, which Hugging
 Face's GPT-2 and nanoGPT compute); training turns it on where it pays (the `onednn_f32` setting,
 core/device.resolve_onednn_f32).
@@ -17,13 +17,10 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from gptforge.core.device import onednn_nt
+
 MIN_MACS = 1 << 20  # products smaller than this (a decode step's rows) keep torch's: oneDNN's call costs more
 MIN_WEIGHT_GRAD = 1 << 16  # in * out below this (128 x 128, the 65-character head): MKL's weight gradient is faster
-
-
-def _nt(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b.T (+ bias) by oneDNN: a (M, K), b (N, K), either may be a transposed view."""
-    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
 
 
 class OneDnnLinear(torch.autograd.Function):
@@ -35,7 +32,7 @@ class OneDnnLinear(torch.autograd.Function):
         x2 = x.reshape(-1, x.size(-1)).contiguous()  # (a no-op for the layers' inputs; no zero strides for oneDNN)
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
-        return _nt(x2, weight, bias).view(*x.shape[:-1], weight.size(0))
+        return onednn_nt(x2, weight, bias).view(*x.shape[:-1], weight.size(0))
 
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001, ANN205
@@ -44,14 +41,14 @@ class OneDnnLinear(torch.autograd.Function):
         g = grad.reshape(-1, out).contiguous()  # (a sum's gradient arrives expanded)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = _nt(g, weight.t()).view(*grad.shape[:-1], inp)
+            dx = onednn_nt(g, weight.t()).view(*grad.shape[:-1], inp)
         if ctx.needs_input_grad[1]:
             if out * inp < MIN_WEIGHT_GRAD:
                 dw = g.t() @ x2
             elif out >= inp:  # oneDNN is fastest writing the wider side along its rows: (x^T g)^T
-                dw = _nt(x2.t(), g.t()).t().contiguous()
+                dw = onednn_nt(x2.t(), g.t()).t().contiguous()
             else:
-                dw = _nt(g.t(), x2.t())
+                dw = onednn_nt(g.t(), x2.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = g.sum(0)
         return dx, dw, db
