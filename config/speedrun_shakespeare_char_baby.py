@@ -11,7 +11,8 @@
 # Measured (docs/RECIPES.md): on a Zen 5 EPYC (AVX512-BF16, bf16 ~4x float32, 2 cores), this config reaches val
 # 1.4660 on the whole val split at step 440 of 440 after 360.0, 361.2 and 372.2 s of training (three runs, 2.7M
 # tokens); in float32 (--dtype=float32 --muon_dtype=float32) 1.4647 at step 440 after 1,251 s with torch's float32
-# products, 1.4696 after 823 s with oneDNN's (onednn_f32, the default on such a CPU now). The previous config
+# products, 1.4696 after 823 s with oneDNN's (onednn_f32, the default on such a CPU now), 1.4680 after 754 s with
+# Muon's float32 iteration in its Gram form as well. The previous config
 # (640 steps, dropout 0.05, Muon at 0.03, decay_frac 0.5) needed 560 steps there, 488-499 s; on an AVX2-only EPYC
 # in float32, 3,291 s (54.9 minutes). Batch 24, no dropout, Muon at 0.05, the decay over the last 70% of 440 steps
 # and the soft-cap at 30 come from sweeps run on a GPU (the same losses per step as a CPU, in seconds instead of

@@ -121,3 +121,24 @@ def test_profile_kinds_of_the_kernels_an_h200_ran():
     both = summarize({n: [1.0, 1] for n in seen}, GPU_KINDS, 20.0, "cuda:0")
     assert both["total_ms"] == len(seen) and sum(both["kinds"].values()) == len(seen)
     assert both["kinds"]["matmul"] == 2.0 and both["kinds"]["attention"] == 2.0
+
+
+def test_profile_kinds_of_a_cpu_steps_operators():
+    """Operators seen in CPU steps (the baby speedrun in bf16 and in float32 with onednn_f32), each in the kind a
+    reader expects: the attention's in-place batched products and oneDNN's float32 Linear are products too."""
+    from gptforge.bench.profile import CPU_KINDS, summarize
+
+    seen = {
+        "aten::mm": "matmul",
+        "aten::baddbmm_": "matmul",
+        "aten::addmm_": "matmul",
+        "mkldnn::_linear_pointwise": "matmul",
+        "aten::bmm": "matmul",
+        "CausalBlocksBackward": "attention",
+        "aten::copy_": "copy / cast",
+        "aten::mul_": "other",
+        "aten::addcmul_": "other",
+    }
+    for name, kind in seen.items():
+        result = summarize({name: [2.0, 3]}, CPU_KINDS, 5.0, "cpu")
+        assert result["kinds"] == {kind: 2.0}, (name, result["kinds"])

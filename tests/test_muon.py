@@ -11,6 +11,7 @@ import torch
 from conftest import whole_and_resumed
 from gptforge.core.config import TrainConfig
 from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.model import muon
 from gptforge.model.muon import CUBIC, MuonAdamW, orthogonalize
 from gptforge.model.optim import configure_optimizer, muon_dtype, muon_settings
 
@@ -46,6 +47,59 @@ def test_a_stack_of_matrices_is_orthogonalised_as_each_alone(shape):
     stacked = orthogonalize(g)
     for i in range(3):
         torch.testing.assert_close(stacked[i], orthogonalize(g[i]), rtol=0, atol=1e-12)
+
+
+def spread(k: int, m: int, n: int, seed: int) -> torch.Tensor:
+    """k matrices m x n (m <= n) with singular values from 1 down to 1e-4, like a gradient's: the hard case for
+    an iteration on the Gram matrix, whose eigenvalues span 1 to 1e-8."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.linalg.qr(torch.randn(k, m, m, dtype=torch.float64, generator=gen))[0]
+    v = torch.linalg.qr(torch.randn(k, n, m, dtype=torch.float64, generator=gen))[0]
+    return (u * torch.logspace(0, -4, m, dtype=torch.float64)) @ v.mT
+
+
+def step_by_step(monkeypatch, g: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """orthogonalize with every step on X (no Gram form)."""
+    with monkeypatch.context() as m:
+        m.setattr(muon, "gram_form_pays", lambda x: False)
+        return orthogonalize(g, dtype=dtype)
+
+
+@pytest.mark.parametrize("shape", [(3, 48, 96), (3, 160, 40), (40, 130)])
+def test_the_gram_form_is_the_step_by_step_iteration(monkeypatch, shape):
+    """Wide matrices (n >= 2m) iterate on their m x m side in float64 and float32 CPU products: the same result as
+    the step-by-step iteration, to float64's rounding in float64, and in float32 within 1e-3 (relative; measured
+    0.8-3e-4, where the step-by-step form's float32 is within 1e-5 and bf16's, which Muon trains with as well,
+    within 0.06-0.12) over a spectrum of 1 .. 1e-4."""
+    m, n = sorted(shape[-2:])
+    g = spread(shape[0] if len(shape) == 3 else 1, m, n, seed=4)
+    g = g if len(shape) == 3 else g[0]
+    g = g.mT if shape[-2] > shape[-1] else g
+    turned = g.mT if shape[-2] > shape[-1] else g
+    assert muon.gram_form_pays(turned) and muon.gram_form_pays(turned.float())
+    gram64, gram32 = orthogonalize(g), orthogonalize(g.float())
+    step64 = step_by_step(monkeypatch, g)
+    torch.testing.assert_close(gram64, step64, rtol=0, atol=1e-12)
+    assert gram32.dtype == torch.float32 and gram32.shape == g.shape
+    assert (gram32.double() - step64).norm() / step64.norm() < 1e-3
+
+
+def test_the_gram_form_is_taken_only_where_it_is_cheaper_and_exact_enough():
+    """Only at n >= 2m, on a CPU, and not in bfloat16 (its m x m products keep their rounding errors: the singular
+    values drift to ~2.5), nor in float32 products done at lower precision (set_float32_matmul_precision)."""
+    wide, square = torch.zeros(2, 32, 64), torch.zeros(2, 48, 80)
+    assert muon.gram_form_pays(wide) and muon.gram_form_pays(wide.double())
+    assert not muon.gram_form_pays(square)
+    assert not muon.gram_form_pays(wide.bfloat16()) and not muon.gram_form_pays(wide.half())
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert not muon.gram_form_pays(wide) and muon.gram_form_pays(wide.double())
+    finally:
+        torch.set_float32_matmul_precision(before)
+    x = spread(1, 32, 96, seed=5)[0].bfloat16()
+    top = torch.linalg.svdvals(muon._gram_form(x, 5, muon.QUINTIC, torch.addmm).double()).max()
+    assert top > 1.5, top  # why bf16 keeps the step-by-step form (it stays under 1.25: the test below)
 
 
 @pytest.mark.parametrize("shape", [(64, 256), (256, 64), (128, 128)])

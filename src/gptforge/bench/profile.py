@@ -26,7 +26,7 @@ GPU_KINDS = [
     ("copy / fill", r"copy|fill|memcpy|memset|cat"),
 ]
 CPU_KINDS = [
-    ("matmul", r"aten::(mm|addmm|bmm|baddbmm|matmul|linear)$"),
+    ("matmul", r"(aten|mkldnn)::(mm|addmm_?|bmm|baddbmm_?|matmul|linear|_linear_pointwise)$"),  # _: in place
     ("attention", r"scaled_dot_product|flash_attention|CausalBlocks|SoftmaxDropout"),
     ("optimizer", r"Optimizer\.|adam|_foreach"),
     ("loss (softmax)", r"softmax|nll|cross_entropy|HeadLoss"),
