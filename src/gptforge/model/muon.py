@@ -72,7 +72,7 @@ def _gram_form(x: torch.Tensor, steps: int, coefficients: tuple[float, float, fl
     G = X_0 X_0^T, and A_k = X_k X_k^T = Q_k G Q_k. One step is P = a + b A + c A^2 (one product), Q <- P Q and
     A <- P A P (three): 4 m^3 multiply-adds instead of 2 m^2 n + m^3, and two m^2 n products in all (G, and Q X_0
     at the end). For a 384 x 1536 matrix in five steps: 0.55x the multiply-adds (the first step has no Q, the
-    last no A). Equal to the step-by-step form in exact arithmetic (gram_rounds says where it is used)."""
+    last no A). Equal to the step-by-step form in exact arithmetic (gram_form_pays says where it is used)."""
     a, b, c = coefficients
     A = x @ x.mT
     Q = None
