@@ -10,8 +10,8 @@ import torch
 
 from conftest import whole_and_resumed
 from gptforge.core.config import TrainConfig
-from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model import muon
+from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.muon import CUBIC, MuonAdamW, orthogonalize
 from gptforge.model.optim import configure_optimizer, muon_dtype, muon_settings
 
@@ -72,11 +72,10 @@ def test_the_gram_form_is_the_step_by_step_iteration(monkeypatch, shape):
     0.8-3e-4, where the step-by-step form's float32 is within 1e-5 and bf16's, which Muon trains with as well,
     within 0.06-0.12) over a spectrum of 1 .. 1e-4."""
     m, n = sorted(shape[-2:])
-    g = spread(shape[0] if len(shape) == 3 else 1, m, n, seed=4)
-    g = g if len(shape) == 3 else g[0]
-    g = g.mT if shape[-2] > shape[-1] else g
-    turned = g.mT if shape[-2] > shape[-1] else g
-    assert muon.gram_form_pays(turned) and muon.gram_form_pays(turned.float())
+    wide = spread(shape[0] if len(shape) == 3 else 1, m, n, seed=4)  # m x n, the side orthogonalize iterates on
+    wide = wide if len(shape) == 3 else wide[0]
+    g = wide.mT if shape[-2] > shape[-1] else wide
+    assert muon.gram_form_pays(wide) and muon.gram_form_pays(wide.float())
     gram64, gram32 = orthogonalize(g), orthogonalize(g.float())
     step64 = step_by_step(monkeypatch, g)
     torch.testing.assert_close(gram64, step64, rtol=0, atol=1e-12)
@@ -87,9 +86,9 @@ def test_the_gram_form_is_the_step_by_step_iteration(monkeypatch, shape):
 def test_the_gram_form_is_taken_only_where_it_is_cheaper_and_exact_enough():
     """Only at n >= 2m, on a CPU, and not in bfloat16 (its m x m products keep their rounding errors: the singular
     values drift to ~2.5), nor in float32 products done at lower precision (set_float32_matmul_precision)."""
-    wide, square = torch.zeros(2, 32, 64), torch.zeros(2, 48, 80)
+    wide, narrow = torch.zeros(2, 32, 64), torch.zeros(2, 48, 80)
     assert muon.gram_form_pays(wide) and muon.gram_form_pays(wide.double())
-    assert not muon.gram_form_pays(square)
+    assert not muon.gram_form_pays(narrow)
     assert not muon.gram_form_pays(wide.bfloat16()) and not muon.gram_form_pays(wide.half())
     before = torch.get_float32_matmul_precision()
     try:
@@ -99,7 +98,7 @@ def test_the_gram_form_is_taken_only_where_it_is_cheaper_and_exact_enough():
         torch.set_float32_matmul_precision(before)
     x = spread(1, 32, 96, seed=5)[0].bfloat16()
     top = torch.linalg.svdvals(muon._gram_form(x, 5, muon.QUINTIC, torch.addmm).double()).max()
-    assert top > 1.5, top  # why bf16 keeps the step-by-step form (it stays under 1.25: the test below)
+    assert top > 1.5, top  # why bf16 keeps the step-by-step form (within bf16's precision of float64's: below)
 
 
 @pytest.mark.parametrize("shape", [(64, 256), (256, 64), (128, 128)])

@@ -62,9 +62,7 @@ def gram_form_pays(x: torch.Tensor) -> bool:
     but trained worse (docs/PERFORMANCE.md). Not on CUDA (TF32 float32 products; not measured there)."""
     if x.size(-1) < 2 * x.size(-2) or x.device.type != "cpu":
         return False
-    return x.dtype == torch.float64 or (
-        x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
-    )
+    return x.dtype == torch.float64 or (x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest")
 
 
 def _gram_form(x: torch.Tensor, steps: int, coefficients: tuple[float, float, float], fma) -> torch.Tensor:  # noqa: ANN001
