@@ -274,3 +274,17 @@ def test_evaluating_gives_eval_mode_and_restores_the_mode_even_on_an_error(train
     with pytest.raises(RuntimeError), evaluating(model):
         raise RuntimeError("an evaluation failing half-way")
     assert all(m.training == training for m in model.modules())
+
+
+def test_a_whole_graph_compile_with_symbolic_lengths_gives_eagers_logits():
+    """torch.compile(fullgraph=True, dynamic=True) traces T as a symbol: the attention's causal switch must still
+    reach SDPA as a Python bool (it refused `causal and T > 1` as a SymBool). Dynamo's tracing with the eager
+    backend (no code generation): the logits of the model run eagerly (to float32 rounding), for several lengths,
+    one of them 1."""
+    model = tiny(rotary=True, rmsnorm=True, qk_norm=True).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", dynamic=True, fullgraph=True)
+    for T in (8, 12, 1):
+        x = torch.randint(0, 37, (2, T), generator=torch.Generator().manual_seed(T))
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x)[0], model(x)[0], rtol=1e-5, atol=1e-6)

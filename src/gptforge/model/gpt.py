@@ -93,7 +93,9 @@ class CausalSelfAttention(nn.Module):
             y = attention(q, k, v, p, mask)  # gptforge's own: cheap dropout masks; bf16 CPU training
         else:  # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future
             masked = {"attn_mask": mask} if mask is not None else {}
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal and T > 1, **masked)
+            # a Python bool, also when the compiler traces T as a symbol (a branch guards on it; SDPA refuses a SymBool)
+            is_causal = True if causal and T > 1 else False  # noqa: SIM210
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=is_causal, **masked)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
