@@ -115,9 +115,7 @@ def test_profile_kinds_of_the_kernels_an_h200_ran():
         "triton_per_fused__fused_rms_norm__to_copy__unsafe_view_add_arange_cat_cos_div_mul": "fused (inductor)",
         "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>>": "copy / fill",
     }
-    for name, kind in seen.items():
-        result = summarize({name: [2.0, 3]}, GPU_KINDS, 5.0, "cuda:0")
-        assert result["kinds"] == {kind: 2.0}, (name, result["kinds"])
+    assert_each_in_its_kind(seen, GPU_KINDS, "cuda:0")
     both = summarize({n: [1.0, 1] for n in seen}, GPU_KINDS, 20.0, "cuda:0")
     assert both["total_ms"] == len(seen) and sum(both["kinds"].values()) == len(seen)
     assert both["kinds"]["matmul"] == 2.0 and both["kinds"]["attention"] == 2.0
@@ -126,7 +124,7 @@ def test_profile_kinds_of_the_kernels_an_h200_ran():
 def test_profile_kinds_of_a_cpu_steps_operators():
     """Operators seen in CPU steps (the baby speedrun in bf16 and in float32 with onednn_f32), each in the kind a
     reader expects: the attention's in-place batched products and oneDNN's float32 Linear are products too."""
-    from gptforge.bench.profile import CPU_KINDS, summarize
+    from gptforge.bench.profile import CPU_KINDS
 
     seen = {
         "aten::mm": "matmul",
@@ -139,6 +137,13 @@ def test_profile_kinds_of_a_cpu_steps_operators():
         "aten::mul_": "other",
         "aten::addcmul_": "other",
     }
+    assert_each_in_its_kind(seen, CPU_KINDS, "cpu")
+
+
+def assert_each_in_its_kind(seen: dict[str, str], kinds: list[tuple[str, str]], device: str) -> None:
+    """Each name of `seen`, profiled alone, is summed under the kind `seen` gives it, and only there."""
+    from gptforge.bench.profile import summarize
+
     for name, kind in seen.items():
-        result = summarize({name: [2.0, 3]}, CPU_KINDS, 5.0, "cpu")
+        result = summarize({name: [2.0, 3]}, kinds, 5.0, device)
         assert result["kinds"] == {kind: 2.0}, (name, result["kinds"])
