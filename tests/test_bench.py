@@ -123,7 +123,8 @@ def test_profile_kinds_of_the_kernels_an_h200_ran():
 
 def test_profile_kinds_of_a_cpu_steps_operators():
     """Operators seen in CPU steps (the baby speedrun in bf16 and in float32 with onednn_f32), each in the kind a
-    reader expects: the attention's in-place batched products and oneDNN's float32 Linear are products too."""
+    reader expects: the attention's in-place batched products and oneDNN's float32 Linear are products too; the
+    attention's softmax is the attention's, the loss's log-softmax the loss's."""
     from gptforge.bench.profile import CPU_KINDS
 
     seen = {
@@ -133,6 +134,12 @@ def test_profile_kinds_of_a_cpu_steps_operators():
         "mkldnn::_linear_pointwise": "matmul",
         "aten::bmm": "matmul",
         "CausalBlocksBackward": "attention",
+        "aten::_softmax": "attention",
+        "aten::_softmax_backward_data": "attention",
+        "aten::_log_softmax": "loss (softmax)",
+        "aten::_log_softmax_backward_data": "loss (softmax)",
+        "aten::nll_loss_forward": "loss (softmax)",
+        "HeadLossBackward": "loss (softmax)",
         "aten::copy_": "copy / cast",
         "aten::mul_": "other",
         "aten::addcmul_": "other",

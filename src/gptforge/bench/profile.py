@@ -27,9 +27,10 @@ GPU_KINDS = [
 ]
 CPU_KINDS = [
     ("matmul", r"(aten|mkldnn)::(mm|addmm_?|bmm|baddbmm_?|matmul|linear|_linear_pointwise)$"),  # _: in place
-    ("attention", r"scaled_dot_product|flash_attention|CausalBlocks|SoftmaxDropout"),
+    # a CPU training step's only plain softmax is the attention's (the loss takes log_softmax or HeadLoss)
+    ("attention", r"scaled_dot_product|flash_attention|CausalBlocks|SoftmaxDropout|aten::_softmax(_backward_data)?$"),
     ("optimizer", r"Optimizer\.|adam|_foreach"),
-    ("loss (softmax)", r"softmax|nll|cross_entropy|HeadLoss"),
+    ("loss (softmax)", r"log_softmax|nll|cross_entropy|HeadLoss"),
     ("copy / cast", r"aten::(copy_|to|_to_copy|clone|contiguous|cat)$"),
 ]
 TOP = 15
