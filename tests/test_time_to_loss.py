@@ -95,6 +95,43 @@ def test_the_reported_step_is_the_first_check_under_the_target_with_an_uninterru
     assert all(loss_at(step) > target for step in range(every, first["steps"], every))  # no step 0 file
 
 
+def test_seeds_run_each_config_once_per_seed_and_report_the_median(char_data, tmp_path):
+    """--seeds: every config once per seed, each run the one `--seed=S` gives alone (the same steps and loss), and
+    per config the number that reached the target, the median and range of seconds and steps; the ratio between
+    configs is of their medians."""
+    run = dict(max_iters=24, lr_decay_iters=24, warmup_iters=2, learning_rate=1e-2, data_loader="sharded")
+    fast = config_file(tmp_path / "fast.py", char_data, **run)
+    slow = config_file(tmp_path / "slow.py", char_data, **{**run, "learning_rate": 3e-3})
+    race = ["--target_loss=2.9", "--eval_every=2", "--json"]
+    r = run_cli("bench", str(fast), f"--compare={slow}", "--seeds=3,11,7", *race, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["seeds"] == [3, 11, 7]
+    assert [(x["config"], x["seed"], x["name"]) for x in out["runs"]] == [
+        (name, seed, f"{name} seed {seed}") for name in ("fast", "slow") for seed in (3, 11, 7)
+    ]
+    assert "fast seed 11: step 0/24" in r.stderr
+    for name in ("fast", "slow"):
+        runs = [x for x in out["runs"] if x["config"] == name]
+        summary = out["over_seeds"][name]
+        seconds, steps = sorted(x["seconds"] for x in runs), sorted(x["steps"] for x in runs)
+        assert summary["runs"] == 3 and summary["reached"] == sum(x["reached"] for x in runs)
+        assert summary["seconds"] == seconds[1] and summary["seconds_range"] == [seconds[0], seconds[2]]
+        assert summary["steps"] == steps[1] and summary["steps_range"] == [steps[0], steps[2]]
+    fast_runs = [x for x in out["runs"] if x["config"] == "fast"]
+    assert len({x["val_loss"] for x in fast_runs}) == 3  # three seeds, three runs
+    assert out["ratios"]["slow"] == pytest.approx(
+        out["over_seeds"]["slow"]["seconds"] / out["over_seeds"]["fast"]["seconds"]
+    )
+    alone = json.loads(run_cli("bench", str(fast), "--seed=11", *race, cwd=tmp_path).stdout)["runs"][0]
+    eleven = fast_runs[1]
+    assert (alone["steps"], alone["val_loss"], alone["seed"]) == (eleven["steps"], eleven["val_loss"], 11)
+    r = run_cli("bench", str(fast), "--seeds=5,6", "--target_loss=2.9", "--eval_every=2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "fast seed 5: " in r.stdout and "fast seed 6: " in r.stdout
+    assert "fast over 2 seeds: reached in " in r.stdout and "(median; " in r.stdout
+
+
 def test_a_target_not_reached_is_said_and_bad_options_exit_2(char_data, tmp_path):
     cfg = config_file(tmp_path / "c.py", char_data, max_iters=3, lr_decay_iters=3, warmup_iters=1)
     r = run_cli("bench", str(cfg), "--target_loss=0.01", cwd=tmp_path)
@@ -106,6 +143,11 @@ def test_a_target_not_reached_is_said_and_bad_options_exit_2(char_data, tmp_path
         ([f"--compare={cfg}"], "needs --target_loss"),
         (["--target_loss=2", "--eval_every=0"], "must be positive"),
         (["--target_loss=2", "--compare=missing.py"], "missing.py"),
+        (["--target_loss=2", "--seeds=1,x"], "--seeds takes whole numbers >= 0 separated by commas"),
+        (["--target_loss=2", "--seeds="], "--seeds takes whole numbers"),
+        (["--target_loss=2", "--seeds=-1"], "--seeds takes whole numbers"),
+        (["--target_loss=2", "--seeds=4,4"], "--seeds=4,4 names a seed twice"),
+        (["--seeds=1,2"], "it needs --target_loss or --target_bpb"),
     ]:
         r = run_cli("bench", str(cfg), *args, cwd=tmp_path)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)

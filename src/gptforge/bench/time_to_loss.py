@@ -2,7 +2,8 @@
 val loss. The real training step (train.setup / train_step, with the config's schedule) runs until the loss on a
 fixed held-out set (`HeldOut`) first reaches X; the wall time counts the training steps only, not these
 evaluations. `--target_bpb=X` races to bits per byte instead, which compares runs whose tokenizers differ (each on
-its own dataset's held-out text: prepare both from the same text and split). docs/RECIPES.md has the figures."""
+its own dataset's held-out text: prepare both from the same text and split). `--seeds=A,B,C` runs each config once
+per seed and reports the median time and its range. docs/RECIPES.md has the figures."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -226,6 +228,21 @@ def _train_to_target(run, name: str, goal: tuple[str, float], every: int, eval_t
     }
 
 
+def parse_seeds(text: str | None) -> list[int] | None:
+    """--seeds=A,B,C as a list of distinct whole numbers >= 0; None when not given."""
+    if text is None:
+        return None
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or any(seed < 0 for seed in seeds):
+        raise UserError(f"--seeds takes whole numbers >= 0 separated by commas, e.g. --seeds=1337,1,2; got {text!r}")
+    if len(set(seeds)) < len(seeds):
+        raise UserError(f"--seeds={text} names a seed twice: a seed's run is the same run again")
+    return seeds
+
+
 def run_time_to_loss(
     cfgs: list[tuple[str, TrainConfig]],
     target: float,
@@ -234,9 +251,11 @@ def run_time_to_loss(
     max_seconds: float,
     as_json: bool,
     metric: str = "loss",
+    seeds: list[int] | None = None,
 ) -> dict[str, Any]:
     """The command: each (name, config) in turn to the same target of `metric` (val 'loss' in nats per token, or
-    'bpb', bits per byte); the first against the others as ratios."""
+    'bpb', bits per byte), once with its own seed or once per seed of `seeds`; the first against the others as
+    ratios (of the medians over the seeds)."""
     assert metric in ("loss", "bpb"), metric
     if not math.isfinite(target) or target <= 0:
         raise UserError(f"--target_{metric} must be a positive number, got {target}")
@@ -246,22 +265,58 @@ def run_time_to_loss(
     for name, cfg in cfgs:
         every = eval_every or max(1, cfg.max_iters // 100)
         what = "val loss" if metric == "loss" else "val bits per byte"
-        log(f"{name}: training from scratch until the {what} on the held-out set is {target} or less")
-        runs.append(run_to_target(cfg, name, target, every, eval_tokens, max_seconds, metric))
+        for seed in seeds or [cfg.seed]:
+            label = f"{name} seed {seed}" if seeds else name
+            log(f"{label}: training from scratch until the {what} on the held-out set is {target} or less")
+            seeded = dataclasses.replace(cfg, seed=seed)
+            r = run_to_target(seeded, label, target, every, eval_tokens, max_seconds, metric)
+            runs.append({**r, "config": name, "seed": seed})
     out: dict[str, Any] = {f"target_{metric}": target, "metric": metric, "runs": runs}
-    first = runs[0]
-    for other in runs[1:]:
-        ratio = other["seconds"] / first["seconds"] if first["seconds"] > 0 else math.inf
-        out.setdefault("ratios", {})[other["name"]] = ratio
+    if seeds:
+        out["seeds"] = seeds
+        out["over_seeds"] = {name: _over_seeds([r for r in runs if r["config"] == name], metric) for name, _ in cfgs}
+    per = out.get("over_seeds") or {r["config"]: {"seconds": r["seconds"], "reached": int(r["reached"])} for r in runs}
+    first, *others = per
+    for other in others:
+        ratio = per[other]["seconds"] / per[first]["seconds"] if per[first]["seconds"] > 0 else math.inf
+        out.setdefault("ratios", {})[other] = ratio
     if as_json:
         print(json.dumps(out))
         return out
     for r in runs:
         print(_summary(r, metric))
-    for other in runs[1:]:
-        bound = "" if first["reached"] and other["reached"] else " (a bound: one run did not reach the target)"
-        print(f"{other['name']} / {first['name']}: {out['ratios'][other['name']]:.2f}x the wall time{bound}")
+    for name, summary in out.get("over_seeds", {}).items():
+        print(_over_seeds_line(name, summary))
+    median = " median" if seeds else ""
+    for other in others:
+        runs_of = [r for r in runs if r["config"] in (first, other)]
+        bound = "" if all(r["reached"] for r in runs_of) else " (a bound: a run did not reach the target)"
+        print(f"{other} / {first}: {out['ratios'][other]:.2f}x the{median} wall time{bound}")
     return out
+
+
+def _over_seeds(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """One config's runs at several seeds: how many reached the target, the median and range of their training
+    seconds and steps (a run that did not reach it counts all of its own), and the median final val figure."""
+    seconds, steps = [r["seconds"] for r in runs], [r["steps"] for r in runs]
+    return {
+        "runs": len(runs),
+        "reached": sum(r["reached"] for r in runs),
+        "seconds": statistics.median(seconds),
+        "seconds_range": [min(seconds), max(seconds)],
+        "steps": statistics.median(steps),
+        "steps_range": [min(steps), max(steps)],
+        f"val_{metric}": statistics.median(r[f"val_{metric}"] for r in runs),
+    }
+
+
+def _over_seeds_line(name: str, s: dict[str, Any]) -> str:
+    low, high = s["seconds_range"]
+    first, last = s["steps_range"]
+    return (
+        f"{name} over {s['runs']} seeds: reached in {s['reached']} of {s['runs']}, {s['seconds']:.1f}s of training "
+        f"(median; {low:.1f}-{high:.1f}s), {s['steps']:g} steps ({first}-{last})"
+    )
 
 
 def _summary(r: dict[str, Any], metric: str) -> str:

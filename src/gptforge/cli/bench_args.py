@@ -102,3 +102,10 @@ def add_time_to_loss(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="with --target_loss: give up after S seconds of training",
     )
+    p.add_argument(
+        "--seeds",
+        default=None,
+        metavar="S1,S2,...",
+        help="with --target_loss: train each config once per seed (its `seed` set to each) and report the median "
+        "time to the target and its range: the seed alone can move the check where a run crosses it",
+    )

@@ -81,7 +81,7 @@ def run_bench(args: list[str]) -> int:
     if opts.target_loss is not None and opts.target_bpb is not None:
         raise UserError("--target_loss and --target_bpb each set the target; give one of them")
     if opts.target_loss is not None or opts.target_bpb is not None:
-        from gptforge.bench.time_to_loss import run_time_to_loss
+        from gptforge.bench.time_to_loss import parse_seeds, run_time_to_loss
 
         if opts.profile:
             raise UserError("--profile profiles one training step; it does not go with --target_loss / --target_bpb")
@@ -97,8 +97,11 @@ def run_bench(args: list[str]) -> int:
             other = os.path.basename(opts.compare).removesuffix(".py")
             other = other if other != name else f"{other} (compare)"
             cfgs.append((other, load_config([opts.compare, *[a for a in rest if a not in files]])))
-        run_time_to_loss(cfgs, target, opts.eval_every, opts.eval_tokens, opts.max_seconds, opts.json, metric)
+        seeds = parse_seeds(opts.seeds)
+        run_time_to_loss(cfgs, target, opts.eval_every, opts.eval_tokens, opts.max_seconds, opts.json, metric, seeds)
         return 0
+    if opts.seeds is not None:
+        raise UserError(f"--seeds={opts.seeds} races to a target once per seed: it needs --target_loss or --target_bpb")
     if opts.compare:
         raise UserError(
             f"--compare={opts.compare} races two configs and needs --target_loss or --target_bpb; a bare --compare "
