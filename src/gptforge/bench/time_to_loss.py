@@ -275,11 +275,13 @@ def run_time_to_loss(
     if seeds:
         out["seeds"] = seeds
         out["over_seeds"] = {name: _over_seeds([r for r in runs if r["config"] == name], metric) for name, _ in cfgs}
-    per = out.get("over_seeds") or {r["config"]: {"seconds": r["seconds"], "reached": int(r["reached"])} for r in runs}
-    first, *others = per
+    if seeds:  # each config's median over its seeds, else its one run's
+        seconds = {name: summary["seconds"] for name, summary in out["over_seeds"].items()}
+    else:
+        seconds = {r["config"]: r["seconds"] for r in runs}
+    first, *others = seconds
     for other in others:
-        ratio = per[other]["seconds"] / per[first]["seconds"] if per[first]["seconds"] > 0 else math.inf
-        out.setdefault("ratios", {})[other] = ratio
+        out.setdefault("ratios", {})[other] = seconds[other] / seconds[first] if seconds[first] > 0 else math.inf
     if as_json:
         print(json.dumps(out))
         return out
