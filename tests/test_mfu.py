@@ -38,3 +38,24 @@ def test_a_known_gpu_is_measured_against_its_data_sheet_peak(monkeypatch, name, 
     monkeypatch.setattr(device.torch.cuda, "get_device_name", lambda _device=None: name)
     monkeypatch.setattr(device, "measure_matmul_flops", lambda *a, **k: pytest.fail("measured a known GPU"))
     assert device.peak_flops("cuda:0", dtype) == peak
+
+
+def test_a_cpu_ceiling_narrows_the_measured_product_where_the_probe_is_slow(monkeypatch):
+    """On a CPU the 256-wide probe decides the measured width: at a float32 rate (0.3 ms) the full 2048, where bf16
+    is emulated (11 ms for the probe: ~3 GFLOP/s, 5.6 s for one 2048-wide product) 512, and at a minute per
+    2048-wide product (0.2 s for the probe) the probe's own width. The FLOP/s returned are the measured width's."""
+    from gptforge.core import device
+
+    for probe_seconds, width in ((0.0003, 2048), (0.011, 512), (0.2, 256)):
+        widths = []
+
+        def seconds(_device, _dtype, n, reps, probe=probe_seconds, widths=widths):
+            widths.append(n)
+            return probe * (n / device.PROBE_N) ** 3
+
+        monkeypatch.setattr(device, "_product_seconds", seconds)
+        flops = device.measure_matmul_flops("cpu", "bfloat16")
+        assert widths == [device.PROBE_N, width]
+        assert flops == pytest.approx(2 * device.PROBE_N**3 / probe_seconds)
+    assert device.affordable_width(2048, 256, 0.0) == 2048
+    assert device.affordable_width(128, 256, 1.0) == 256  # never below the probe

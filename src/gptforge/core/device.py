@@ -92,7 +92,8 @@ def onednn_f32_pays(kind: dict[str, str | int | bool] | None = None) -> bool:
     on 2 cores, a float32 training step 0.65-0.78x the time). Zen 4 (family 25) splits each 512-bit operation in two,
     so AVX-512 has no more float32 throughput there than MKL's AVX2 code: not measured, it keeps torch's. So do
     Intel's, where MKL has AVX-512 code, and AVX2-only processors (oneDNN's AVX2 kernels 0.9-1.2x MKL's on a Zen 5
-    with AVX-512 turned off; not measured on one). kind: cpu_kind()'s facts, this machine's by default."""
+    with AVX-512 turned off; whole training steps there 0.97x the time for the baby speedrun, level for nanoGPT's
+    baby recipe: not worth leaving torch's arithmetic for). kind: cpu_kind()'s facts, this machine's by default."""
     kind = kind if kind is not None else cpu_kind()
     family = str(kind["family"])
     full_width = family.isdigit() and int(family) >= 26
@@ -202,18 +203,39 @@ def configure_backends(device_type: str) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+PROBE_N = 256  # a CPU's first product, this wide, says how wide the measured one can be
+MEASURE_SECONDS = 0.5  # a CPU's measured product is made narrower until one is expected to take at most this
+
+
 def measure_matmul_flops(device: str, dtype: str, n: int | None = None, reps: int = 3) -> float:
     """Best FLOP/s of an n x n matrix product on this device and dtype: the machine's practical ceiling.
 
     On a CPU in float32 the faster of torch's product and oneDNN's (`onednn_f32`; 2.1x torch's on a Zen 5 EPYC).
     n defaults to 2048, and to 8192 on CUDA: a 2048-wide product is too small to fill a large GPU (it read 277-401
-    TFLOP/s of bf16 on an H200 and an H100, against their 989 of the data sheet). The operands come from a private
-    generator: measuring must not shift the training run's random stream.
+    TFLOP/s of bf16 on an H200 and an H100, against their 989 of the data sheet). On a CPU a PROBE_N-wide product
+    comes first, and the default n is halved while the probe's rate says one product would take longer than
+    MEASURE_SECONDS: where bf16 is emulated (no bf16 hardware, or oneDNN held to AVX2 by ONEDNN_MAX_CPU_ISA) one
+    2048-wide bf16 product takes from seconds to a minute. The operands come from a private generator: measuring
+    must not shift the training run's random stream.
     """
     if n is None:
         n = 8192 if device_type(device) == "cuda" else 2048
-    if device_type(device) == "cpu" and dtype != "float32" and not cpu_has_fast_bf16():
-        n = min(n, 512)  # emulated half precision: one 2048-wide product takes about a minute on an AVX2-only CPU
+        if device_type(device) == "cpu":
+            n = affordable_width(n, PROBE_N, _product_seconds(device, dtype, PROBE_N, reps=1))
+    return 2 * n**3 / _product_seconds(device, dtype, n, reps)
+
+
+def affordable_width(n: int, probe_n: int, probe_seconds: float, budget: float = MEASURE_SECONDS) -> int:
+    """n, halved while a product of that width, at the probe's rate (time growing as width^3), would take longer
+    than `budget` seconds; never below probe_n."""
+    while n > probe_n and probe_seconds * (n / probe_n) ** 3 > budget:
+        n //= 2
+    return max(n, probe_n)
+
+
+def _product_seconds(device: str, dtype: str, n: int, reps: int) -> float:
+    """The fastest of `reps` n x n products (after one that warms kernels and caches up); on a CPU in float32 over
+    torch's product and oneDNN's both."""
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, generator=gen).to(DTYPES[dtype])
     b = torch.randn(n, n, device=device, generator=gen).to(DTYPES[dtype])
@@ -231,7 +253,7 @@ def measure_matmul_flops(device: str, dtype: str, n: int | None = None, reps: in
             if cuda:
                 torch.cuda.synchronize()
             best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+    return best
 
 
 def peak_flops(device: str, dtype: str, configured: float = 0.0, measured: dict[str, float] | None = None) -> float:
