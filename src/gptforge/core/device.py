@@ -226,11 +226,11 @@ def measure_matmul_flops(device: str, dtype: str, n: int | None = None, reps: in
 
 
 def affordable_width(n: int, probe_n: int, probe_seconds: float, budget: float = MEASURE_SECONDS) -> int:
-    """n, halved while a product of that width, at the probe's rate (time growing as width^3), would take longer
-    than `budget` seconds; never below probe_n."""
+    """n, halved while it is wider than probe_n and a product of that width, at the probe's rate (time growing as
+    width^3), would take longer than `budget` seconds."""
     while n > probe_n and probe_seconds * (n / probe_n) ** 3 > budget:
         n //= 2
-    return max(n, probe_n)
+    return n
 
 
 def _product_seconds(device: str, dtype: str, n: int, reps: int) -> float:
