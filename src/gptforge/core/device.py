@@ -233,6 +233,29 @@ def affordable_width(n: int, probe_n: int, probe_seconds: float, budget: float =
     return n
 
 
+def emulated_half_products(dtype: str) -> str:
+    """'' unless `dtype` (bfloat16 / float16) multiplies matrices on this CPU at under half float32's rate, as where
+    it is emulated: no bf16 hardware, oneDNN held below it (ONEDNN_MAX_CPU_ISA), or a torch built without its
+    kernels (4-80x slower than float32 on the CPUs measured). Then a warning naming both rates and --dtype=float32.
+    PROBE_N-wide products of each, in turn, three rounds, the best rate of each (a process's first products are
+    slow, and a busy machine slows some: neither makes one dtype look slow against the other); ~9 ms in a fresh
+    process where the hardware has it (a Zen 5)."""
+    if dtype == "float32":
+        return ""
+    rates = dict.fromkeys((dtype, "float32"), 0.0)
+    for _ in range(3):
+        for name in rates:
+            rates[name] = max(rates[name], 2 * PROBE_N**3 / _product_seconds("cpu", name, PROBE_N, reps=1))
+    half, single = rates[dtype], rates["float32"]
+    if half >= 0.5 * single:
+        return ""
+    return (
+        f"warning: {dtype} matrix products run at {half / 1e9:,.1f} GFLOP/s on this CPU against float32's "
+        f"{single / 1e9:,.1f}: emulated here (no {dtype} hardware, or ONEDNN_MAX_CPU_ISA holds oneDNN below it); "
+        "--dtype=float32 trains faster"
+    )
+
+
 def _product_seconds(device: str, dtype: str, n: int, reps: int) -> float:
     """The fastest of `reps` n x n products (after one that warms kernels and caches up); on a CPU in float32 over
     torch's product and oneDNN's both."""

@@ -15,7 +15,7 @@ import torch
 
 from gptforge.core.allocator import keep_freed_memory
 from gptforge.core.config import TrainConfig
-from gptforge.core.device import autocast_context, peak_flops
+from gptforge.core.device import autocast_context, emulated_half_products, peak_flops
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
@@ -152,8 +152,10 @@ def build_training(cfg: TrainConfig, env: DistEnv, model: GPT) -> tuple[torch.op
 
 
 def describe(run: Run, start: Start, malloc: str) -> str:
-    """The lines a run opens with: model, device and settings, tokens per step, memory, the allocator."""
+    """The lines a run opens with: model, device and settings, tokens per step, memory, the allocator; and a warning
+    where this CPU emulates the run's bf16 / fp16 products."""
     cfg, env = run.cfg, run.env
+    slow = emulated_half_products(cfg.dtype) if env.device_type == "cpu" else ""
     return (
         f"model: {run.raw_model.get_num_params() / 1e6:.2f}M parameters | device {env.device}, dtype {cfg.dtype}, "
         f"compile {cfg.compile}, {env.world_size} process(es), dropout {cfg.dropout}"
@@ -162,7 +164,7 @@ def describe(run: Run, start: Start, malloc: str) -> str:
         f"tokens per iteration: {run.tokens_per_iter:,} = {run.accum} accumulation x {env.world_size} processes x "
         f"{cfg.batch_size} batch x {cfg.block_size} block\n"
         f"memory: {start.memory.describe()} estimated per process\n"
-        f"{recipe_line(cfg)}{malloc}"
+        f"{recipe_line(cfg)}{malloc}" + (f"\n{slow}" if slow else "")
     )
 
 
