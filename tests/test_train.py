@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 
 import pytest
@@ -346,10 +347,11 @@ def test_the_eta_forgets_the_compiling_first_step():
     assert eta == pytest.approx((49 * 0.015 + 0.5) / 50 * 249, rel=1e-6), eta
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="ONEDNN_MAX_CPU_ISA=AVX2: x86-64")
 def test_a_run_in_emulated_bf16_says_so_and_names_the_flag(char_data, tmp_path):
-    """oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA) has no bf16 kernels on any CPU, so --dtype=bfloat16 multiplies
-    through torch's fallback, tens of times slower than float32: the run's header says so and names --dtype=float32,
-    and still trains. With the CPU's own oneDNN and bf16 hardware, no such line."""
+    """oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA) has no bf16 kernels on any x86-64 CPU, so --dtype=bfloat16
+    multiplies through torch's fallback, tens of times slower than float32: the run's header says so with both
+    rates and names --dtype=float32, and still trains. With the CPU's own oneDNN and bf16 hardware, no such line."""
     from conftest import run_cli
     from gptforge.core.device import cpu_has_fast_bf16
 
@@ -357,9 +359,12 @@ def test_a_run_in_emulated_bf16_says_so_and_names_the_flag(char_data, tmp_path):
     held = run_cli("train", *args, env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
     assert held.returncode == 0, held.stderr
     warning = re.search(
-        r"warning: bfloat16 matrix products run at ([\d.,]+) GFLOP/s on this CPU against float32's", held.stdout
+        r"warning: bfloat16 matrix products run at ([\d.,]+) GFLOP/s on this CPU against float32's ([\d.,]+):",
+        held.stdout,
     )
     assert warning and "--dtype=float32 trains faster" in held.stdout, held.stdout
+    half, single = (float(rate.replace(",", "")) for rate in warning.groups())
+    assert 0 < half < 0.5 * single
     assert (tmp_path / "held" / "ckpt.pt").exists()
     if cpu_has_fast_bf16():
         own = run_cli("train", *tiny_train_args(char_data, tmp_path / "own", dtype="bfloat16", max_iters=2))
