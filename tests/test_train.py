@@ -351,7 +351,8 @@ def test_the_eta_forgets_the_compiling_first_step():
 def test_a_run_in_emulated_bf16_says_so_and_names_the_flag(char_data, tmp_path):
     """oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA) has no bf16 kernels on any x86-64 CPU, so --dtype=bfloat16
     multiplies through torch's fallback, tens of times slower than float32: the run's header says so with both
-    rates and names --dtype=float32, and still trains. With the CPU's own oneDNN and bf16 hardware, no such line."""
+    rates and names --dtype=float32, and still trains; sampling and evaluating the run say it too. With the CPU's
+    own oneDNN and bf16 hardware, no such line."""
     from conftest import run_cli
     from gptforge.core.device import cpu_has_fast_bf16
 
@@ -366,6 +367,15 @@ def test_a_run_in_emulated_bf16_says_so_and_names_the_flag(char_data, tmp_path):
     half, single = (float(rate.replace(",", "")) for rate in warning.groups())
     assert 0 < half < 0.5 * single
     assert (tmp_path / "held" / "ckpt.pt").exists()
+    held_env = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    for command in (
+        ("sample", "--num_samples=1", "--max_new_tokens=4", "--start=a"),
+        ("eval", "loss", "--eval_iters=1"),
+    ):  # sample, chat, serve and eval say it too, once, on stderr
+        used = run_cli(*command, f"--out_dir={tmp_path / 'held'}", "--device=cpu", "--dtype=bfloat16", env=held_env)
+        assert used.returncode == 0, used.stderr
+        assert used.stderr.count("warning: bfloat16 matrix products run at") == 1, used.stderr
+        assert "--dtype=float32 runs faster" in used.stderr, used.stderr
     if cpu_has_fast_bf16():
         own = run_cli("train", *tiny_train_args(char_data, tmp_path / "own", dtype="bfloat16", max_iters=2))
         assert own.returncode == 0, own.stderr

@@ -157,6 +157,22 @@ def resolve_dtype(name: str, device_type: str, n_embd: int, min_width: int = CPU
     return name
 
 
+def inference_dtype(name: str, device_type: str, n_embd: int) -> str:
+    """resolve_dtype for sample, chat, serve and eval (train's rule at its default width), and on a CPU
+    emulated_half_products' warning on stderr, once a process and dtype."""
+    dtype = resolve_dtype(name, device_type, n_embd)
+    if device_type == "cpu":
+        _say_emulated(dtype)
+    return dtype
+
+
+@functools.cache
+def _say_emulated(dtype: str) -> None:
+    warning = emulated_half_products(dtype, "runs")
+    if warning:
+        log(warning)
+
+
 def resolve_compile(value: bool | str, device_type: str) -> bool:
     """'auto' -> compile on CUDA, where it pays back its compile time; not on CPU/MPS, where it measured no faster."""
     return device_type == "cuda" if value == "auto" else bool(value)
@@ -233,13 +249,13 @@ def affordable_width(n: int, probe_n: int, probe_seconds: float, budget: float =
     return n
 
 
-def emulated_half_products(dtype: str) -> str:
+def emulated_half_products(dtype: str, work: str = "trains") -> str:
     """'' unless `dtype` (bfloat16 / float16) multiplies matrices on this CPU at under half float32's rate, as where
     it is emulated: no bf16 hardware, oneDNN held below it (ONEDNN_MAX_CPU_ISA), or a torch built without its
-    kernels (4-80x slower than float32 on the CPUs measured). Then a warning naming both rates and --dtype=float32.
-    PROBE_N-wide products of each, in turn, three rounds, the best rate of each (a process's first products are
-    slow, and a busy machine slows some: neither makes one dtype look slow against the other); ~9 ms in a fresh
-    process where the hardware has it (a Zen 5)."""
+    kernels (4-80x slower than float32 on the CPUs measured). Then a warning naming both rates and --dtype=float32,
+    which `work`s ('trains', 'runs') faster. PROBE_N-wide products of each, in turn, three rounds, the best rate
+    of each (a process's first products are slow, and a busy machine slows some: neither makes one dtype look slow
+    against the other); ~9 ms in a fresh process where the hardware has it (a Zen 5)."""
     if dtype == "float32":
         return ""
     rates = dict.fromkeys((dtype, "float32"), 0.0)
@@ -252,7 +268,7 @@ def emulated_half_products(dtype: str) -> str:
     return (
         f"warning: {dtype} matrix products run at {half / 1e9:,.1f} GFLOP/s on this CPU against float32's "
         f"{single / 1e9:,.1f}: emulated here (no {dtype} hardware, or ONEDNN_MAX_CPU_ISA holds oneDNN below it); "
-        "--dtype=float32 trains faster"
+        f"--dtype=float32 {work} faster"
     )
 
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from gptforge.chat.render import chat_special_ids, encode, render_prompt
 from gptforge.chat.template import CHAT_TEMPLATE
-from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
+from gptforge.core.device import autocast_context, device_type, inference_dtype, resolve_device
 from gptforge.core.errors import UserError
 from gptforge.infer.chat_model import decode_with_specials, encode_with_specials, is_chat_model, special_tokens
 from gptforge.infer.engine import generate_stream
@@ -75,7 +75,7 @@ class GPTForgeLM(TemplateLM):
         ends = ("<|assistant_end|>", "<|user_start|>")
         self.stop_ids = {tokenizer.eot_token, *(self.special_ids[name] for name in ends if self.chat)}
         kind = device_type(self._device)
-        self.dtype = resolve_dtype(dtype, kind, model.config.n_embd)
+        self.dtype = inference_dtype(dtype, kind, model.config.n_embd)
         self.ctx = autocast_context(kind, self.dtype)
         self.batch_size = 16 if str(batch_size).startswith("auto") else int(batch_size or 1)
         self.max_gen_toks = int(max_gen_toks)

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from gptforge.core import console
 from gptforge.core.config import TrainConfig
-from gptforge.core.device import autocast_context, resolve_dtype
+from gptforge.core.device import autocast_context, inference_dtype
 from gptforge.core.distributed import DistEnv, setup_distributed, teardown
 from gptforge.core.errors import UserError
 from gptforge.core.files import download
@@ -277,7 +277,7 @@ def eval_hellaswag(
     env = setup_distributed(device, "auto")
     try:
         model, tokenizer, _ = load_model(out_dir, ckpt, init_from, env.device)
-        dtype = resolve_dtype(dtype, env.device_type, model.config.n_embd)  # train's rule, for this model
+        dtype = inference_dtype(dtype, env.device_type, model.config.n_embd)  # train's rule, for this model
         check_tokenizer(tokenizer)
         if env.ddp and not env.is_main:
             dist.barrier()  # rank 0 downloads; the others then find the file in the cache

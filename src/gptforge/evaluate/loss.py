@@ -13,7 +13,7 @@ import torch
 
 from gptforge.core.config import loader_kind
 from gptforge.core.console import log
-from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
+from gptforge.core.device import autocast_context, device_type, inference_dtype, resolve_device
 from gptforge.core.errors import UserError
 from gptforge.data.loader import Batches, dataset_dir, make_batches, read_meta
 from gptforge.model.layers import evaluating
@@ -142,7 +142,7 @@ def eval_loss(
     loaders = {
         s: make_batches(folder, meta, s, kind, batch, block, model.config.vocab_size, device, seed) for s in splits
     }
-    dtype = resolve_dtype(dtype, device_type(device), model.config.n_embd)  # train's rule, for this model
+    dtype = inference_dtype(dtype, device_type(device), model.config.n_embd)  # train's rule, for this model
     log(f"loss: {iters} batches of {batch} x {block} tokens per split from {folder} on {device} ({dtype})")
     ctx = autocast_context(device_type(device), dtype)
     if kind == "chat":  # a chat dataset: the mean over the trained (assistant) targets, as SFT evaluates

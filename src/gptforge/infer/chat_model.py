@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gptforge.chat.render import chat_special_ids, render_prompt
-from gptforge.core.device import autocast_context, configure_backends, device_type, resolve_device, resolve_dtype
+from gptforge.core.device import autocast_context, configure_backends, device_type, inference_dtype, resolve_device
 from gptforge.core.errors import UserError
 from gptforge.infer.textstream import TokenText
 from gptforge.model.gpt import GPT
@@ -137,7 +137,7 @@ def load_for_inference(
     device = resolve_device(device)
     configure_backends(device_type(device))
     model, tokenizer, checkpoint = load_model(out_dir, ckpt, init_from, device)
-    dtype = resolve_dtype(dtype, device_type(device), model.config.n_embd)
+    dtype = inference_dtype(dtype, device_type(device), model.config.n_embd)
     chat = is_chat_model(tokenizer, checkpoint, init_from)
     special_ids = chat_special_ids(tokenizer) if chat else {}
     vocab = max([tokenizer.vocab_size, *(i + 1 for i in special_ids.values())])

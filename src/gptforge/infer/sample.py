@@ -10,7 +10,7 @@ import torch
 
 from gptforge.core.config import FIELDS, TrainConfig
 from gptforge.core.console import log
-from gptforge.core.device import autocast_context, device_type, resolve_device, resolve_dtype
+from gptforge.core.device import autocast_context, device_type, inference_dtype, resolve_device
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.core.settings import check_fields
@@ -43,7 +43,7 @@ def sample(args: SampleArgs, out=None) -> list[str]:
     check_fields(args)
     device = resolve_device(args.device)
     model, tok, _ = load_model(args.out_dir, args.ckpt, args.init_from, device)
-    dtype = resolve_dtype(args.dtype, device_type(device), model.config.n_embd)  # train's rule, for this model
+    dtype = inference_dtype(args.dtype, device_type(device), model.config.n_embd)  # train's rule, for this model
     start = read_start(args.start)
     try:
         prompt = tok.encode(start)
