@@ -272,10 +272,9 @@ def run_time_to_loss(
             r = run_to_target(seeded, label, target, every, eval_tokens, max_seconds, metric)
             runs.append({**r, "config": name, "seed": seed})
     out: dict[str, Any] = {f"target_{metric}": target, "metric": metric, "runs": runs}
-    if seeds:
+    if seeds:  # each config's median over its seeds, else its one run's
         out["seeds"] = seeds
         out["over_seeds"] = {name: _over_seeds([r for r in runs if r["config"] == name], metric) for name, _ in cfgs}
-    if seeds:  # each config's median over its seeds, else its one run's
         seconds = {name: summary["seconds"] for name, summary in out["over_seeds"].items()}
     else:
         seconds = {r["config"]: r["seconds"] for r in runs}
