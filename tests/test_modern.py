@@ -17,6 +17,7 @@ from conftest import run_cli, whole_and_resumed
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
 from gptforge.infer.engine import generate
+from gptforge.model import layers, masks
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.layers import KVCache, RMSNorm, apply_rotary, rms_norm, rotary_angles
 from gptforge.weights.export import export_hf
@@ -263,3 +264,91 @@ def test_rms_norm_is_x_over_its_root_mean_square_with_its_gradient():
         assert RMSNorm()(x32).dtype == torch.bfloat16  # straight into the next layer's dtype
         assert rms_norm(x32).dtype == torch.float32  # the embedding's norm feeds the float32 residual stream
     assert RMSNorm()(x32).dtype == torch.float32
+
+
+def _rms_reference(x: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm's value and gradient for x, computed in float64 by autograd."""
+    x64 = x.detach().double().requires_grad_()
+    y = x64 / (x64.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+    (dx,) = torch.autograd.grad(y, x64, grad.double())
+    return y.detach(), dx
+
+
+@pytest.mark.parametrize("width", [1, 64, 383, 384])
+@pytest.mark.parametrize(
+    "source, written",
+    [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)],
+)
+def test_the_compiled_rms_norm_matches_float64_and_torchs_own_steps(monkeypatch, source, written, width):
+    """Where a C compiler is (CI's), RMSNorm on contiguous CPU float32 / bf16 tensors runs in keep_mask.c (one read
+    of each row each way): its values and gradients lie within float32 rounding (float32 out) or one bf16 rounding
+    (bf16 out) of float64's, and as close to them as the torch operations it replaces; a transposed x takes the torch
+    path and gives the same values."""
+    if not masks.c_compiler():
+        pytest.skip("no C compiler here")
+    assert masks.native_rms() is not None
+    gen = torch.Generator().manual_seed(width)
+    x = (torch.randn(3, 7, width, generator=gen) * 3).to(source).requires_grad_()
+    grad = torch.randn(3, 7, width, generator=gen).to(written)
+    assert layers._rms_kernel(x.detach(), written) is not None  # the compiled path, not torch's
+    y = rms_norm(x, written)
+    (dx,) = torch.autograd.grad(y, x, grad)
+    assert y.dtype == written and dx.dtype == source
+    want_y, want_dx = _rms_reference(x, grad)
+    tol = {torch.float32: 2e-6, torch.bfloat16: 2**-8}
+    torch.testing.assert_close(y.double(), want_y, rtol=tol[written], atol=tol[written])
+    # the gradient's two terms g r and x r^3 mean(g x) cancel (all but exactly at width 1): errors relative to g r
+    r = (x.detach().double().pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()
+    scale = (grad.double().abs() * r).max().item()
+    torch.testing.assert_close(dx.double(), want_dx, rtol=0, atol=4 * tol[source] * scale)
+    monkeypatch.setattr(masks, "_kernel", [None])  # torch's own operations
+    assert layers._rms_kernel(x.detach(), written) is None
+    y_torch = rms_norm(x, written)
+    (dx_torch,) = torch.autograd.grad(y_torch, x, grad)
+    assert (y.double() - want_y).abs().max() <= (y_torch.double() - want_y).abs().max() + tol[written] / 2
+    assert (dx.double() - want_dx).abs().max() <= (dx_torch.double() - want_dx).abs().max() * 1.01 + 1e-6
+    monkeypatch.undo()
+    turned = x.detach().transpose(0, 1).requires_grad_()  # not contiguous: torch's path, the same values
+    assert layers._rms_kernel(turned.detach(), written) is None
+    torch.testing.assert_close(
+        rms_norm(turned, written), y.detach().transpose(0, 1), rtol=tol[written], atol=tol[written]
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_then_rms_norm_in_one_step_matches_float64(dtype):
+    """qk-norm after rotary (layers.rotary_rms_norm) on attention's head-split view of c_attn's output: where the
+    compiled kernel is (CI's), one step whose value and gradient lie within float32 rounding (float32) or one bf16
+    rounding (bf16) of float64's, at least as close as the two torch steps it replaces; the gradient reaches q's
+    columns of c_attn's output and nothing else."""
+    if not masks.c_compiler():
+        pytest.skip("no C compiler here")
+    B, T, H, hs = 2, 9, 3, 64
+    gen = torch.Generator().manual_seed(6)
+    qkv = (torch.randn(B, T, 3 * H * hs, generator=gen) * 2).to(dtype).requires_grad_()
+    cos, sin = rotary_angles(torch.arange(T), hs, 10000.0)
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t[..., : H * hs].view(B, T, H, hs).transpose(1, 2)  # q as attention splits it
+
+    assert layers._rope_rms_kernels(heads(qkv), cos) is not None  # the compiled path
+    y = layers.rotary_rms_norm(heads(qkv), cos, sin)
+    grad = torch.randn(y.shape, generator=gen).to(dtype)
+    (dqkv,) = torch.autograd.grad(y, qkv, grad)
+    two_steps = rms_norm(apply_rotary(heads(qkv), cos, sin))
+    (dqkv_two,) = torch.autograd.grad(two_steps, qkv, grad)
+    q64 = heads(qkv.detach().double()).requires_grad_()
+    a, b = q64.chunk(2, dim=-1)
+    cos64, sin64 = cos.double(), sin.double()
+    turned = torch.cat((a * cos64 + b * sin64, b * cos64 - a * sin64), dim=-1)
+    want = turned / (q64.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+    (want_dq,) = torch.autograd.grad(want, q64, grad.double())
+    tol = {torch.float32: 2e-6, torch.bfloat16: 2**-8}[dtype]
+    assert y.dtype == dtype and y.is_contiguous()
+    torch.testing.assert_close(y.double(), want.detach(), rtol=tol, atol=tol)
+    dq, dq_two = heads(dqkv).double(), heads(dqkv_two).double()
+    scale = want_dq.abs().max().item()
+    torch.testing.assert_close(dq, want_dq, rtol=0, atol=2 * tol * scale)
+    assert (y.double() - want).abs().max() <= (two_steps.double() - want).abs().max() + 1e-6
+    assert (dq - want_dq).abs().max() <= (dq_two - want_dq).abs().max() + 1e-6
+    assert dqkv[..., H * hs :].abs().max() == 0  # k's and v's columns untouched by q's norm

@@ -22,6 +22,7 @@ from gptforge.model.layers import (
     apply_rotary,
     rms_norm,
     rotary_angles,
+    rotary_rms_norm,
 )
 from gptforge.model.linear import Linear
 
@@ -71,9 +72,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        if rope is not None:
+        if rope is not None and self.qk_norm:  # one step: on a CPU one pass each way (layers.rotary_rms_norm)
+            q, k = rotary_rms_norm(q, *rope), rotary_rms_norm(k, *rope)
+        elif rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        if self.qk_norm:
+        elif self.qk_norm:
             q, k = rms_norm(q), rms_norm(k)
         causal = mask is None
         if cache is not None:

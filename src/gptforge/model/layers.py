@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptforge.model.masks import apply_mask, keep_mask
+from gptforge.model.masks import apply_mask, keep_mask, native_rms
 
 
 @contextlib.contextmanager
@@ -104,8 +104,10 @@ def rms_norm(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Parameter-free RMSNorm over the last dimension, x / sqrt(mean(x^2) + 1e-6), written in `dtype` (default x's).
 
     On CPUs F.rms_norm is a chain of float32 operations with as many again backward, and a bf16 x goes to float32
-    and back around it; RootMeanSquare passes over x twice forward and three times backward (docs/PERFORMANCE.md).
-    Under torch.compile the plain expression, which inductor fuses itself."""
+    and back around it; RootMeanSquare reads each row once forward and once backward with the compiled kernel
+    (masks.native_rms: contiguous float32 / bf16 CPU tensors), else passes over x twice forward and three times
+    backward in torch operations (docs/PERFORMANCE.md). Under torch.compile the plain expression, which inductor
+    fuses itself."""
     if torch.compiler.is_compiling():
         return F.rms_norm(x, (x.size(-1),), eps=RMS_EPS).to(dtype or x.dtype)
     return RootMeanSquare.apply(x, dtype or x.dtype)
@@ -119,6 +121,12 @@ class RootMeanSquare(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # noqa: ANN001
         size = x.size(-1)
+        kernel = _rms_kernel(x, dtype)
+        if kernel is not None:  # one pass over x (masks.native_rms)
+            y, r = torch.empty(x.shape, dtype=dtype), torch.empty(*x.shape[:-1], 1)
+            kernel(x.data_ptr(), y.data_ptr(), r.data_ptr(), 0, r.numel(), size, RMS_EPS)
+            ctx.save_for_backward(x, r)
+            return y
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
         r = norm.square_().mul_(1.0 / size).add_(RMS_EPS).rsqrt_()  # (..., 1)
         ctx.save_for_backward(x, r)
@@ -127,12 +135,33 @@ class RootMeanSquare(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN001
         x, r = ctx.saved_tensors
+        kernel = _rms_back_kernel(grad, x)
+        if kernel is not None:
+            grad, dx = grad.contiguous(), torch.empty(x.shape, dtype=x.dtype)
+            kernel(grad.data_ptr(), x.data_ptr(), r.data_ptr(), dx.data_ptr(), 0, r.numel(), x.size(-1))
+            return dx, None
         dot = (grad * x).sum(-1, keepdim=True, dtype=r.dtype)  # (..., 1)
         coef = r.pow(3).mul_(dot).mul_(-1.0 / x.size(-1))
         if x.dtype.itemsize < 4:  # a bf16 / fp16 gradient: the rows' factors in its dtype (no float32 copies of x)
             r, coef = r.to(x.dtype), coef.to(x.dtype)
         dx = torch.mul(grad, r, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
         return dx.addcmul_(x, coef), None
+
+
+def _rms_kernel(x: torch.Tensor, dtype: torch.dtype):  # noqa: ANN202 - a ctypes function or None
+    """The compiled RMSNorm forward for a contiguous CPU x of this (x, y) dtype pair, where there is one."""
+    if x.device.type != "cpu" or not x.is_contiguous() or x.numel() == 0:
+        return None
+    native = native_rms()
+    return None if native is None else native.rms.get((x.dtype, dtype))
+
+
+def _rms_back_kernel(grad: torch.Tensor, x: torch.Tensor):  # noqa: ANN202
+    """The compiled RMSNorm backward for this (gradient, x) dtype pair (x contiguous: saved by the kernel's forward)."""
+    if x.device.type != "cpu" or not x.is_contiguous() or x.numel() == 0 or grad.shape != x.shape:
+        return None
+    native = native_rms()
+    return None if native is None else native.rms_back.get((grad.dtype, x.dtype))
 
 
 class RMSNorm(nn.Module):
@@ -188,3 +217,54 @@ class Rotary(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
         cos, sin = ctx.saved_tensors
         return rotate(grad, cos, -sin), None, None
+
+
+def rotary_rms_norm(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """rms_norm(apply_rotary(x, cos, sin)): qk-norm after rotary. On a CPU with the compiled kernel (float32 or bf16
+    x (B, nh, T, hs) with its last dimension contiguous, as attention's head-split views are; cos / sin (T, hs / 2))
+    one pass over each row each way (RotaryNorm), where the two steps take six passes forward and six backward and
+    round twice; elsewhere those two steps. A rotation keeps a row's root mean square, so the norm is x's."""
+    if not torch.compiler.is_compiling() and _rope_rms_kernels(x, cos) is not None:
+        return RotaryNorm.apply(x, cos, sin)
+    return rms_norm(apply_rotary(x, cos, sin))
+
+
+def _rope_rms_kernels(x: torch.Tensor, cos: torch.Tensor):  # noqa: ANN202 - (forward, backward) or None
+    if x.device.type != "cpu" or x.dim() != 4 or x.stride(-1) != 1 or x.numel() == 0 or x.size(-1) > 1024:
+        return None
+    if x.size(-1) % 2 or cos.shape != (x.size(2), x.size(-1) // 2):  # one row of angles per position
+        return None
+    native = native_rms()
+    return None if native is None else native.rope_rms.get(x.dtype)
+
+
+class RotaryNorm(torch.autograd.Function):
+    """rotary_rms_norm by keep_mask.c: y = turn(x) r, r = 1 / sqrt(mean(x^2) + 1e-6) per row, in float32 with float32
+    angles, rounded once into x's dtype; backward turns the gradient back and takes RMSNorm's gradient (x and r
+    kept; the gradient is written in x's layout)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        forward, _ = _rope_rms_kernels(x, cos)
+        B, H, T, hs = x.shape
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        y, r = torch.empty(B, H, T, hs, dtype=x.dtype), torch.empty(B * H * T)
+        sb, sh, st, _ = x.stride()
+        forward(
+            x.data_ptr(), y.data_ptr(), r.data_ptr(), cos.data_ptr(), sin.data_ptr(), B, H, T, hs, sb, sh, st, RMS_EPS
+        )
+        ctx.save_for_backward(x, r, cos, sin)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
+        x, r, cos, sin = ctx.saved_tensors
+        _, backward = _rope_rms_kernels(x, cos)
+        B, H, T, hs = x.shape
+        grad = grad.to(x.dtype).contiguous()
+        dx = torch.empty(B, T, H, hs, dtype=x.dtype).transpose(1, 2)  # heads side by side, as c_attn's gradient
+        backward(
+            grad.data_ptr(), x.data_ptr(), r.data_ptr(), cos.data_ptr(), sin.data_ptr(), dx.data_ptr(),
+            B, H, T, hs, *x.stride()[:3], *dx.stride()[:3],
+        )  # fmt: skip
+        return dx, None, None

@@ -9,7 +9,9 @@ CPU) and checked against `reference_keep`, the same arithmetic in torch operatio
 compiler is found (slower; the same masks). torch's own bernoulli and random_ draw one number at a time on one core
 (17-25% of a CPU step with dropout 0.2); the kernel is ~20x faster than the 8 parallel torch streams it replaced
 (docs/PERFORMANCE.md). On other devices the 16-bit values come from the device's own generator. The same file
-applies a mask to bf16 and float32 tensors in one pass, checked bit for bit against torch's products.
+applies a mask to bf16 and float32 tensors in one pass, checked bit for bit against torch's products, and holds
+RMSNorm's forward and backward, alone and after rotary, for layers.py (`native_rms`; checked against float64 at
+load).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from gptforge.core.console import log
 
 SOURCE = Path(__file__).with_name("keep_mask.c")
 SWITCH = "GPTFORGE_NATIVE"  # 0 / off / false: no compiled kernel, masks by torch operations (the same masks)
-FLAGS = ("-O3", "-shared", "-fPIC", "-std=c99")
+FLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fno-math-errno")  # sqrtf as one instruction, no libm
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's constants
 REFERENCE_WORDS = 1 << 20  # the torch reference works through this many words at a time (8 MiB per temporary)
 
@@ -121,10 +123,21 @@ _kernel: list = []
 
 
 class Native(NamedTuple):
-    """keep_mask.c's functions: the mask's draw, and a mask's application for each dtype it has one for."""
+    """keep_mask.c's functions: the mask's draw, a mask's application for each dtype it has one for, and RMSNorm's
+    forward (by (x's, y's) dtype) and backward (by (the gradient's, x's) dtype)."""
 
     keep: Callable[..., None]
     masked: dict[torch.dtype, Callable[..., None]]
+    rms: dict[tuple[torch.dtype, torch.dtype], Callable[..., None]]
+    rms_back: dict[tuple[torch.dtype, torch.dtype], Callable[..., None]]
+    rope_rms: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # forward, backward by dtype
+
+
+# RMSNorm's compiled (input, output) dtype pairs: float32 in and out, bf16 written from float32 (a block's norm
+# under autocast) or from bf16 (qk-norm); the backward's (gradient, x) pairs are the same three
+RMS_PAIRS = ((torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16))
+RMS_BACK_PAIRS = ((torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16))
+_C_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 def native_kernel():  # noqa: ANN201 - a ctypes function or None
@@ -134,11 +147,20 @@ def native_kernel():  # noqa: ANN201 - a ctypes function or None
     return None if native is None else native.keep
 
 
+def native_rms() -> Native | None:
+    """The compiled kernels for RMSNorm (Native.rms, .rms_back), or None where there are none (layers.py then
+    computes it with torch operations)."""
+    return _native()
+
+
 def _native() -> Native | None:
     if not _kernel:
         native, why = _load()
         if native is None and why:
-            log(f"dropout masks: {why}; drawn by torch operations instead (the same masks, slower)")
+            log(
+                f"compiled CPU kernels: {why}; dropout masks drawn and RMSNorm computed by torch operations instead "
+                "(the same masks, slower)"
+            )
         _kernel.append(native)
     return _kernel[0]
 
@@ -160,9 +182,32 @@ def _load() -> tuple[Native | None, str]:
         function.restype = None
     for function in (bf16, f32):
         function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
-    native = Native(keep, {torch.bfloat16: bf16, torch.float32: f32})
+    rms, rms_back = {}, {}
+    try:
+        for pair in RMS_PAIRS:
+            rms[pair] = getattr(library, "gptforge_rms_{}_{}".format(*(_C_NAMES[d] for d in pair)))
+            rms[pair].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float]
+        for pair in RMS_BACK_PAIRS:
+            rms_back[pair] = getattr(library, "gptforge_rms_back_{}_{}".format(*(_C_NAMES[d] for d in pair)))
+            rms_back[pair].argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+        rope_rms = {}
+        for dtype, name in _C_NAMES.items():
+            forward, backward = (
+                getattr(library, f"gptforge_rope_rms_{name}"),
+                getattr(library, f"gptforge_rope_rms_back_{name}"),
+            )
+            forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+            backward.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 10
+            rope_rms[dtype] = (forward, backward)
+    except AttributeError as e:
+        return None, f"the compiled kernel could not be built or loaded ({e})"
+    for function in (*rms.values(), *rms_back.values(), *(f for pair in rope_rms.values() for f in pair)):
+        function.restype = None
+    native = Native(keep, {torch.bfloat16: bf16, torch.float32: f32}, rms, rms_back, rope_rms)
     if not _agrees(native):
         return None, f"the compiled kernel ({path}) does not reproduce reference_keep and torch's masked products"
+    if not (_rms_agrees(native) and _rope_rms_agrees(native)):
+        return None, f"the compiled kernel's RMSNorm ({path}) does not agree with float64's"
     return native, ""
 
 
@@ -244,6 +289,83 @@ def _agrees(native: Native) -> bool:
             function(x.data_ptr(), keep.data_ptr(), ours.data_ptr(), x.numel(), scale)
             if not same_bits(ours, _torch_masked(x, keep, scale)):
                 return False
+    return True
+
+
+def _rms_agrees(native: Native) -> bool:
+    """RMSNorm's compiled forward (y and the rows' r) and backward agree with the same formulas in float64, for
+    every dtype pair, on rows of 64 and 383 (whole and partial lanes): within float32 rounding where the output is
+    float32, within one bf16 rounding where it is bf16."""
+    gen, eps = torch.Generator().manual_seed(4), 1e-6
+    for n in (64, 383):
+        x64 = torch.randn(5, n, dtype=torch.float64, generator=gen) * 3
+        g64 = torch.randn(5, n, dtype=torch.float64, generator=gen)
+        for x_type, y_type in RMS_PAIRS:
+            x = x64.to(x_type)
+            y, r = torch.empty(x.shape, dtype=y_type), torch.empty(5, 1)
+            native.rms[(x_type, y_type)](x.data_ptr(), y.data_ptr(), r.data_ptr(), 0, 5, n, eps)
+            want_r = (x.double().pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+            if not torch.allclose(r.double(), want_r, rtol=1e-5, atol=0):
+                return False
+            if not torch.allclose(y.double(), x.double() * want_r, rtol=_RMS_RTOL[y_type], atol=_RMS_RTOL[y_type]):
+                return False
+        for g_type, x_type in RMS_BACK_PAIRS:
+            x, g = x64.to(x_type), g64.to(g_type)
+            r = (x.double().pow(2).mean(-1, keepdim=True) + eps).rsqrt().float()
+            dx = torch.empty(x.shape, dtype=x_type)
+            native.rms_back[(g_type, x_type)](g.data_ptr(), x.data_ptr(), r.data_ptr(), dx.data_ptr(), 0, 5, n)
+            rd, xd, gd = r.double(), x.double(), g.double()
+            want = gd * rd - xd * rd.pow(3) * (gd * xd).mean(-1, keepdim=True)
+            if not torch.allclose(dx.double(), want, rtol=_RMS_RTOL[x_type], atol=_RMS_RTOL[x_type]):
+                return False
+    return True
+
+
+_RMS_RTOL = {torch.float32: 1e-5, torch.bfloat16: 2**-7}
+
+
+def rope_rms_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """keep_mask.c's rotary-then-RMSNorm in float64: x (B, H, T, hs) turned pairwise by (T, hs/2) angles
+    (layers.rotate's rule), over the root mean square of x."""
+    x, cos, sin = x.double(), cos.double(), sin.double()
+    a, b = x.chunk(2, dim=-1)
+    turned = torch.cat((a * cos + b * sin, b * cos - a * sin), dim=-1)
+    return turned * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+
+
+def _rope_rms_agrees(native: Native) -> bool:
+    """The compiled rotary + RMSNorm, forward and backward, on a strided x (a head-split view, as attention passes
+    it), within float32 rounding (float32) or one bf16 rounding (bf16) of float64's value and gradient."""
+    gen = torch.Generator().manual_seed(5)
+    B, H, T, hs = 2, 3, 5, 32
+    base = torch.randn(B, T, 3 * H * hs, dtype=torch.float64, generator=gen) * 2
+    angles = torch.randn(T, hs // 2, dtype=torch.float64, generator=gen)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    g64 = torch.randn(B, H, T, hs, dtype=torch.float64, generator=gen)
+    for dtype, (forward, backward) in native.rope_rms.items():
+        x = base.to(dtype)[..., : H * hs].view(B, T, H, hs).transpose(1, 2)  # strides of q in attention
+        x64, gd = x.double(), g64.to(dtype).double()
+        want = rope_rms_reference(x64, cos, sin)
+        # the gradient by its formula (this may run where autograd does not: inside a Function, inference mode)
+        p, q = gd.chunk(2, dim=-1)
+        c64, s64 = cos.double(), sin.double()
+        u = torch.cat((p * c64 - q * s64, q * c64 + p * s64), dim=-1)  # g turned back
+        r64 = (x64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()
+        want_dx = u * r64 - x64 * r64.pow(3) * (u * x64).mean(-1, keepdim=True)
+        y, r = torch.empty(B, H, T, hs, dtype=dtype), torch.empty(B * H * T)
+        sb, sh, st, _ = x.stride()
+        forward(x.data_ptr(), y.data_ptr(), r.data_ptr(), cos.data_ptr(), sin.data_ptr(), B, H, T, hs, sb, sh, st, 1e-6)
+        dx = torch.empty(B, T, H, hs, dtype=dtype).transpose(1, 2)
+        g = g64.to(dtype)
+        backward(
+            g.data_ptr(), x.data_ptr(), r.data_ptr(), cos.data_ptr(), sin.data_ptr(), dx.data_ptr(),
+            B, H, T, hs, sb, sh, st, *dx.stride()[:3],
+        )  # fmt: skip
+        tol = _RMS_RTOL[dtype]
+        if not torch.allclose(y.double(), want, rtol=tol, atol=tol):
+            return False
+        if not torch.allclose(dx.double(), want_dx, rtol=tol, atol=tol * want_dx.abs().max().item()):
+            return False
     return True
 
 
