@@ -70,28 +70,36 @@ void gptforge_masked_f32(const float *x, const uint8_t *restrict keep, float *ou
 #define TYPE_f32 float
 #define TYPE_bf16 uint16_t
 
+/* 1 / sqrt(mean(x^2) + eps) of a row of n: the squares summed in RMS_LANES float32 partial sums, then in order */
+#define RMS_INVERSE(T)                                                                                          \
+    static inline float rms_inverse_##T(const TYPE_##T *x, int64_t n, float eps) {                              \
+        float acc[RMS_LANES] = {0.0f};                                                                          \
+        int64_t i = 0;                                                                                          \
+        for (; i + RMS_LANES <= n; i += RMS_LANES)                                                              \
+            for (int l = 0; l < RMS_LANES; l++) {                                                               \
+                float v = LOAD_##T(x, i + l);                                                                   \
+                acc[l] += v * v;                                                                                \
+            }                                                                                                   \
+        for (; i < n; i++) {                                                                                    \
+            float v = LOAD_##T(x, i);                                                                           \
+            acc[0] += v * v;                                                                                    \
+        }                                                                                                       \
+        float sum = 0.0f;                                                                                       \
+        for (int l = 0; l < RMS_LANES; l++) sum += acc[l];                                                      \
+        return 1.0f / sqrtf(sum / (float)n + eps);                                                              \
+    }
+RMS_INVERSE(f32)
+RMS_INVERSE(bf16)
+
 #define RMS_FORWARD(TX, TY)                                                                                     \
     void gptforge_rms_##TX##_##TY(const TYPE_##TX *x, TYPE_##TY *y, float *r, int64_t first, int64_t last,     \
                                   int64_t n, float eps) {                                                       \
         for (int64_t row = first; row < last; row++) {                                                          \
             const TYPE_##TX *xr = x + row * n;                                                                  \
             TYPE_##TY *yr = y + row * n;                                                                        \
-            float acc[RMS_LANES] = {0.0f};                                                                      \
-            int64_t i = 0;                                                                                      \
-            for (; i + RMS_LANES <= n; i += RMS_LANES)                                                          \
-                for (int l = 0; l < RMS_LANES; l++) {                                                           \
-                    float v = LOAD_##TX(xr, i + l);                                                             \
-                    acc[l] += v * v;                                                                            \
-                }                                                                                               \
-            for (; i < n; i++) {                                                                                \
-                float v = LOAD_##TX(xr, i);                                                                     \
-                acc[0] += v * v;                                                                                \
-            }                                                                                                   \
-            float sum = 0.0f;                                                                                   \
-            for (int l = 0; l < RMS_LANES; l++) sum += acc[l];                                                  \
-            float rr = 1.0f / sqrtf(sum / (float)n + eps);                                                      \
+            float rr = rms_inverse_##TX(xr, n, eps);                                                            \
             r[row] = rr;                                                                                        \
-            for (i = 0; i < n; i++) STORE_##TY(yr, i, LOAD_##TX(xr, i) * rr);                                   \
+            for (int64_t i = 0; i < n; i++) STORE_##TY(yr, i, LOAD_##TX(xr, i) * rr);                           \
         }                                                                                                       \
     }
 
@@ -140,22 +148,9 @@ RMS_BACKWARD(bf16, bf16)
                     const int64_t row = (b * H + h) * Tn + t;                                                      \
                     TYPE_##T *yr = y + row * hs;                                                                   \
                     const float *cr = cos + t * half, *sr = sin + t * half;                                        \
-                    float acc[RMS_LANES] = {0.0f};                                                                 \
-                    int64_t i = 0;                                                                                 \
-                    for (; i + RMS_LANES <= hs; i += RMS_LANES)                                                    \
-                        for (int l = 0; l < RMS_LANES; l++) {                                                      \
-                            float v = LOAD_##T(xr, i + l);                                                         \
-                            acc[l] += v * v;                                                                       \
-                        }                                                                                          \
-                    for (; i < hs; i++) {                                                                          \
-                        float v = LOAD_##T(xr, i);                                                                 \
-                        acc[0] += v * v;                                                                           \
-                    }                                                                                              \
-                    float sum = 0.0f;                                                                              \
-                    for (int l = 0; l < RMS_LANES; l++) sum += acc[l];                                             \
-                    const float rr = 1.0f / sqrtf(sum / (float)hs + eps);                                          \
+                    const float rr = rms_inverse_##T(xr, hs, eps);                                                 \
                     r[row] = rr;                                                                                   \
-                    for (i = 0; i < half; i++) {                                                                   \
+                    for (int64_t i = 0; i < half; i++) {                                                           \
                         float a = LOAD_##T(xr, i), c = LOAD_##T(xr, i + half);                                     \
                         STORE_##T(yr, i, (a * cr[i] + c * sr[i]) * rr);                                            \
                         STORE_##T(yr, i + half, (c * cr[i] - a * sr[i]) * rr);                                     \
