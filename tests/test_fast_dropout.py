@@ -211,11 +211,20 @@ def assert_equals_reference(out, inputs, reference, gen, rtol=1e-5, atol=1e-5):
 
 
 def recorded_masks(monkeypatch) -> list[torch.Tensor]:
-    """Every mask keep_mask draws from now on, in order."""
+    """Every mask drawn from now on, in order: by keep_mask, or inside attention's compiled causal softmax."""
     drawn: list[torch.Tensor] = []
     real = masks.keep_mask
     for module in (attn, layers):  # attention's masks and Dropout's
         monkeypatch.setattr(module, "keep_mask", lambda like, p: drawn.append(real(like, p)) or drawn[-1])
+    softmax = attn._causal_softmax
+
+    def recording(*args):  # noqa: ANN002, ANN202
+        probs, att, keep = softmax(*args)
+        if keep is not None:
+            drawn.append(keep)
+        return probs, att, keep
+
+    monkeypatch.setattr(attn, "_causal_softmax", recording)
     return drawn
 
 
@@ -251,6 +260,51 @@ def test_attention_with_fast_dropout_matches_a_float64_reference(T, blocks, stri
     assert len(drawn) == blocks
     keep = whole_mask(drawn, torch.Size([2, 3, T, T]))
     assert_equals_reference(out, (q, k, v), lambda *qkv: reference_attention(*qkv, keep, p), gen)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_causal_softmax_matches_float64_and_the_torch_path(dtype, p, monkeypatch):
+    """Attention's query blocks with dropout take keep_mask.c's causal softmax where it compiled (one pass over each
+    row forward, one backward, rows split across threads): from the same generator state the same masks as the torch
+    operations' path, and values and gradients as close to float64's as that path's (float32: 1e-5; bf16: its
+    rounding). Without dropout torch's softmax stays."""
+    assert masks.native_kernels() is not None  # CI has a C compiler: the compiled path must be what runs there
+    gen = torch.Generator().manual_seed(7)
+    T = 256  # two query blocks: 128 rows over 128 keys, 128 over 256
+    base = [torch.randn(2, 3, T, 16, generator=gen) for _ in range(3)]
+    grad = torch.randn(2, 3, T, 16, generator=gen, dtype=torch.float64)
+    kernel_calls: list[int] = []
+    real = attn._causal_softmax
+    results = {}
+    for path in ("kernel", "torch"):
+        if path == "torch":
+            monkeypatch.setattr(attn, "_softmax_kernels", lambda q, p: None)
+        monkeypatch.setattr(attn, "_causal_softmax", lambda *a: kernel_calls.append(1) or real(*a))
+        drawn = recorded_masks(monkeypatch)
+        q, k, v = (x.to(dtype).clone().requires_grad_() for x in base)  # leaves of their own: their own grads
+        before = len(kernel_calls)
+        torch.manual_seed(11)
+        out = attention(q, k, v, p)
+        out.backward(grad.to(dtype))
+        results[path] = (out, [x.grad for x in (q, k, v)], drawn)
+        assert len(kernel_calls) - before == (2 if path == "kernel" and p else 0)  # one a query block, with dropout
+    assert len(results["kernel"][2]) == len(results["torch"][2]) == (2 if p else 0)
+    for mine, theirs in zip(results["kernel"][2], results["torch"][2], strict=True):
+        assert torch.equal(mine, theirs)
+    keep = whole_mask(results["torch"][2], torch.Size([2, 3, T, T])) if p else torch.ones(T, T, dtype=torch.bool)
+    doubles = [x.to(dtype).double().requires_grad_() for x in base]  # the inputs both paths saw
+    want = reference_attention(*doubles, keep, p)
+    want.backward(grad)
+    want_grads = [x.grad for x in doubles]
+    errors = {
+        path: [(out.double() - want).abs().max().item()]
+        + [(g.double() - w).abs().max().item() for g, w in zip(grads, want_grads, strict=True)]
+        for path, (out, grads, _) in results.items()
+    }
+    bound = 1e-5 if dtype == torch.float32 else 3e-2
+    for mine, theirs in zip(errors["kernel"], errors["torch"], strict=True):
+        assert mine <= bound and mine <= 1.5 * theirs + (1e-6 if dtype == torch.float32 else 2**-8), errors
 
 
 def rule(kind: str, B: int, T: int, gen: torch.Generator) -> torch.Tensor:

@@ -5,11 +5,15 @@ backward is twice this path's time). Causal, or any bool mask; queries in blocks
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import os
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
-from gptforge.model.masks import apply_mask, keep_mask
+from gptforge.model.masks import apply_mask, keep_mask, keep_threshold, mask_seed, native_kernels
 
 QUERY_BLOCKS = 2  # attention goes in this many query blocks when T >= MIN_BLOCKED_T and the mask allows
 MIN_BLOCKED_T = 128
@@ -149,19 +153,22 @@ class CausalBlocks(torch.autograd.Function):
         size = T // QUERY_BLOCKS
         rule = torch.full((size, size), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)  # 0 on and below
         out = torch.empty(B, nh, T, hs, dtype=q.dtype, device=q.device)
-        saved = []
+        saved, kernels = [], _softmax_kernels(q, p)
         for start in range(0, T, size):
             end = start + size
             scores = q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1)  # (B, nh, size, end)
-            scores[..., start:end] += rule
-            probs = torch.softmax(scores, dim=-1)
-            keep = keep_mask(probs, p) if p > 0.0 else None
-            att = apply_mask(probs, keep) if keep is not None else probs
+            if kernels is not None:
+                probs, att, keep = _causal_softmax(kernels[0], scores, size, p)
+            else:
+                scores[..., start:end] += rule
+                probs = torch.softmax(scores, dim=-1)
+                keep = keep_mask(probs, p) if p > 0.0 else None
+                att = apply_mask(probs, keep) if keep is not None else probs
             out[:, :, start:end] = att @ v[:, :, :end]
             saved += [probs, att, keep]
         if p > 0.0:
             out.mul_(1.0 / (1.0 - p))
-        ctx.p = p
+        ctx.p, ctx.kernels = p, kernels
         ctx.save_for_backward(q, k, v, *saved)
         return out
 
@@ -182,10 +189,68 @@ class CausalBlocks(torch.autograd.Function):
             beta = 0.0 if end == T else 1.0  # beta 0 ignores what the output held
             dv3[:, :end].baddbmm_(att3.mT, rows, beta=beta)
             dprobs = rows @ v3[:, :end].mT  # (B * nh, size, end)
-            if keep is not None:
-                apply_mask(dprobs, flat(keep), out=dprobs)
-            dscores = torch._softmax_backward_data(dprobs, probs3, -1, probs3.dtype)
+            if ctx.kernels is not None:  # in place: dprobs becomes dscores
+                in_parts(partial(_softmax_back, ctx.kernels[1], dprobs, keep, probs3, size, end), B * nh * size)
+                dscores = dprobs
+            else:
+                if keep is not None:
+                    apply_mask(dprobs, flat(keep), out=dprobs)
+                dscores = torch._softmax_backward_data(dprobs, probs3, -1, probs3.dtype)
             dq3[:, start:end].baddbmm_(dscores, k3[:, :end], beta=0.0)
             dk3[:, :end].baddbmm_(dscores.mT, q3[:, start:end], beta=beta)
         shape = (B, nh, T, hs)
         return dq3.view(shape), dk3.view(shape), dv3.view(shape), None
+
+
+def _softmax_kernels(q: torch.Tensor, p: float):  # noqa: ANN202 - keep_mask.c's (forward, backward) or None
+    """keep_mask.c's causal softmax with dropout for q's dtype (float32, bf16) on a CPU, where it compiled. Without
+    dropout torch's softmax, already one pass forward and one backward, stays: the kernel's exponential and threads
+    gained nothing there (docs/PERFORMANCE.md)."""
+    native = native_kernels() if q.device.type == "cpu" and p > 0.0 else None
+    return None if native is None else native.softmax.get(q.dtype)
+
+
+def _causal_softmax(forward, scores: torch.Tensor, rows: int, p: float):  # noqa: ANN001, ANN202
+    """A query block's (probabilities, dropped probabilities, mask) by keep_mask.c in one pass over each row, its rows
+    split across threads (in_parts): scores (B, nh, rows, cols), contiguous, the last `rows` queries of `cols`
+    positions, become the probabilities (the causal rule is the kernel's: no -inf is added); the mask is
+    keep_mask's, from a seed drawn as keep_mask draws it: the same masks as the torch operations' path."""
+    n, cols = scores.numel() // scores.size(-1), scores.size(-1)
+    keep, att = torch.empty(scores.shape, dtype=torch.bool), torch.empty_like(scores)
+    seed, threshold = mask_seed(), keep_threshold(p)
+
+    def part(first: int, last: int) -> None:
+        row = torch.empty(cols)  # the kernel's float32 exponentials of one row, one buffer a thread
+        forward(scores.data_ptr(), scores.data_ptr(), att.data_ptr(), keep.data_ptr(), row.data_ptr(), first, last,
+                rows, cols, seed, threshold)  # fmt: skip
+
+    in_parts(part, n)
+    return scores, att, keep
+
+
+def _softmax_back(backward, d, keep, probs, rows: int, cols: int, first: int, last: int) -> None:  # noqa: ANN001
+    """Rows [first, last) of the compiled causal softmax's gradient, in place over d."""
+    backward(d.data_ptr(), keep.data_ptr(), probs.data_ptr(), d.data_ptr(), first, last, rows, cols)
+
+
+MIN_PART_ROWS = 256  # the compiled softmax splits its rows across threads in parts of at least this many
+_pools: dict = {}  # process id -> a thread pool for the parts after the first
+
+
+def in_parts(part: Callable[[int, int], None], n: int) -> None:
+    """part(first, last) over rows [0, n) in torch.get_num_threads() parts at once (fewer where rows are few): the
+    first in this thread, the others in a pool's threads. A compiled kernel called through ctypes lets go of
+    Python's lock, so the parts run side by side, as torch's own operations do on the machine's cores. (A pool made
+    before a fork has no threads in the child: each process makes its own.)"""
+    parts = max(1, min(torch.get_num_threads(), n // MIN_PART_ROWS))
+    if parts == 1:
+        part(0, n)
+        return
+    pool = _pools.get(os.getpid())
+    if pool is None or pool._max_workers < parts - 1:
+        pool = _pools[os.getpid()] = concurrent.futures.ThreadPoolExecutor(parts - 1, "gptforge-softmax")
+    bounds = [n * i // parts for i in range(parts + 1)]
+    others = [pool.submit(part, bounds[i], bounds[i + 1]) for i in range(1, parts)]
+    part(bounds[0], bounds[1])
+    for other in others:
+        other.result()

@@ -7,6 +7,7 @@
  * model/masks.py computes the same masks with torch operations (its reference and fallback) and compiles this
  * file on first use; the loop has no dependence between words, so the compiler vectorises it. */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 static inline uint64_t splitmix64(uint64_t z) {
@@ -190,3 +191,143 @@ RMS_BACKWARD(bf16, bf16)
 
 ROPE_RMS(f32)
 ROPE_RMS(bf16)
+
+/* Causal softmax with dropout, for attention's query blocks in training (model/attention.py, CausalBlocks): rows
+ * [first, last) of scores (n, cols), contiguous, in blocks of `rows` queries that are the last `rows` of `cols`
+ * positions, so row i of a block sees keys 0 .. cols - rows + i (the others get probability 0, as softmax gives the
+ * -inf of the causal rule). Per row, in float32: the maximum (on float_order's integers, which vectorise), e =
+ * exp(s - max) in a row buffer with its sum in RMS_LANES partial sums, probs = e * (1 / sum) rounded once (probs
+ * may be s: each row is read whole before it is written); the row's dropout mask drawn as gptforge_keep_mask draws
+ * element row * cols + j of the mask of `seed` (the same mask as keep_mask's over the whole tensor), and att =
+ * probs where kept, 0 elsewhere. One read of the scores and one write of each output, where torch's operations
+ * pass over the block five times. The backward, in one pass over a row: ds = probs (d' - sum(probs d')), d' = d
+ * where kept, 0 elsewhere; ds may be d. Callers split the rows across threads (each with its own buffer e). */
+static inline float exp_nonpositive(float x) {
+    /* e^x for x <= 0 within ~2 float32 ulps, 0 below -87 (e^-87 ~ 1.6e-38): x = n ln2 + r with |r| <= ln2 / 2
+     * (n rounded by adding and subtracting 1.5 * 2^23; ln2 in two parts), e^r by a degree-7 polynomial (Cephes'
+     * coefficients), 2^n written into the exponent bits. Plain arithmetic: the compiler vectorises its loops. */
+    const float big = 12582912.0f;
+    const float n = (x * 1.44269504088896341f + big) - big;
+    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    const float y = ((((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) *
+                            r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * (r * r) + r) + 1.0f;
+    union { uint32_t u; float f; } two_n;
+    two_n.u = (uint32_t)((int32_t)n + 127) << 23;
+    return x < -87.0f ? 0.0f : y * two_n.f;
+}
+
+static void draw_row(uint8_t *restrict keep, int64_t start, int64_t n, uint64_t seed, int32_t threshold) {
+    /* elements start .. start + n - 1 of the mask of seed (gptforge_keep_mask's rule), into keep[0 .. n) */
+    const uint64_t golden = 0x9e3779b97f4a7c15ULL;
+    if (start % 4 == 0 && n % 4 == 0) {
+        for (int64_t j = 0; j < n / 4; j++) {
+            uint64_t w = splitmix64(seed + ((uint64_t)(start / 4 + j) + 1) * golden);
+            keep[4 * j] = (int16_t)(uint16_t)w >= threshold;
+            keep[4 * j + 1] = (int16_t)(uint16_t)(w >> 16) >= threshold;
+            keep[4 * j + 2] = (int16_t)(uint16_t)(w >> 32) >= threshold;
+            keep[4 * j + 3] = (int16_t)(uint16_t)(w >> 48) >= threshold;
+        }
+        return;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        uint64_t i = (uint64_t)(start + j);
+        uint64_t w = splitmix64(seed + ((i >> 2) + 1) * golden);
+        keep[j] = (int16_t)(uint16_t)(w >> (16 * (i & 3))) >= threshold;
+    }
+}
+
+/* a float's bits as an int32 that orders as the floats do (negative values' magnitude bits flipped), and back:
+ * integer maxima vectorise where float ones (NaN's rules) do not */
+static inline int32_t float_order(float f) {
+    union { float f; int32_t i; } v = {f};
+    return v.i ^ ((v.i >> 31) & 0x7fffffff);
+}
+
+static inline float order_float(int32_t k) {
+    union { int32_t i; float f; } v = {k ^ ((k >> 31) & 0x7fffffff)};
+    return v.f;
+}
+
+#define CAUSAL_SOFTMAX(T)                                                                                          \
+    void gptforge_causal_softmax_##T(const TYPE_##T *s, TYPE_##T *probs, TYPE_##T *att, uint8_t *keep,             \
+                                     float *e, int64_t first, int64_t last, int64_t rows, int64_t cols,            \
+                                     uint64_t seed, int32_t threshold) {                                           \
+        for (int64_t row = first; row < last; row++) {                                                             \
+            const int64_t seen = cols - rows + row % rows + 1;                                                     \
+            const TYPE_##T *sr = s + row * cols;                                                                   \
+            TYPE_##T *pr = probs + row * cols;                                                                     \
+            /* [0, vec): whole RMS_LANES chunks up to seen rounded up (lanes past seen masked), then one by one */    \
+            const int64_t whole = cols - cols % RMS_LANES, up = (seen + RMS_LANES - 1) / RMS_LANES * RMS_LANES;    \
+            const int64_t vec = up < whole ? up : whole;                                                           \
+            int32_t most[RMS_LANES];                                                                               \
+            float acc[RMS_LANES] = {0.0f};                                                                         \
+            for (int l = 0; l < RMS_LANES; l++) most[l] = INT32_MIN;                                               \
+            int64_t i;                                                                                             \
+            for (i = 0; i + RMS_LANES <= seen; i += RMS_LANES)                                                     \
+                for (int l = 0; l < RMS_LANES; l++) {                                                              \
+                    int32_t v = float_order(LOAD_##T(sr, i + l));                                                  \
+                    most[l] = v > most[l] ? v : most[l];                                                           \
+                }                                                                                                  \
+            if (i < vec)                                                                                           \
+                for (int l = 0; l < RMS_LANES; l++) {                                                              \
+                    int32_t v = float_order(LOAD_##T(sr, i + l));                                                  \
+                    most[l] = i + l < seen && v > most[l] ? v : most[l];                                           \
+                }                                                                                                  \
+            i = i < vec ? vec : i;                                                                                 \
+            for (; i < seen; i++) {                                                                                \
+                int32_t v = float_order(LOAD_##T(sr, i));                                                          \
+                most[0] = v > most[0] ? v : most[0];                                                               \
+            }                                                                                                      \
+            int32_t top = most[0];                                                                                 \
+            for (int l = 1; l < RMS_LANES; l++) top = most[l] > top ? most[l] : top;                               \
+            const float m = order_float(top);                                                                      \
+            for (i = 0; i + RMS_LANES <= seen; i += RMS_LANES)                                                     \
+                for (int l = 0; l < RMS_LANES; l++) {                                                              \
+                    e[i + l] = exp_nonpositive(LOAD_##T(sr, i + l) - m);                                           \
+                    acc[l] += e[i + l];                                                                            \
+                }                                                                                                  \
+            if (i < vec)                                                                                           \
+                for (int l = 0; l < RMS_LANES; l++) {                                                              \
+                    float v = LOAD_##T(sr, i + l) - m;                                                             \
+                    e[i + l] = exp_nonpositive(i + l < seen ? v : -INFINITY);                                      \
+                    acc[l] += e[i + l];                                                                            \
+                }                                                                                                  \
+            i = i < vec ? vec : i;                                                                                 \
+            for (; i < seen; i++) {                                                                                \
+                e[i] = exp_nonpositive(LOAD_##T(sr, i) - m);                                                       \
+                acc[0] += e[i];                                                                                    \
+            }                                                                                                      \
+            float sum = 0.0f;                                                                                      \
+            for (int l = 0; l < RMS_LANES; l++) sum += acc[l];                                                     \
+            const float inverse = 1.0f / sum;                                                                      \
+            const int64_t filled = vec > seen ? vec : seen; /* e is 0 from seen on */                              \
+            for (i = 0; i < filled; i++) STORE_##T(pr, i, e[i] * inverse);                                        \
+            for (; i < cols; i++) STORE_##T(pr, i, 0.0f);                                                         \
+            uint8_t *kr = keep + row * cols;                                                                       \
+            TYPE_##T *ar = att + row * cols;                                                                       \
+            draw_row(kr, row * cols, cols, seed, threshold);                                                       \
+            for (i = 0; i < cols; i++) STORE_##T(ar, i, LOAD_##T(pr, i) * (float)kr[i]);                          \
+        }                                                                                                          \
+    }                                                                                                              \
+    void gptforge_causal_softmax_back_##T(const TYPE_##T *d, const uint8_t *keep, const TYPE_##T *probs,           \
+                                          TYPE_##T *ds, int64_t first, int64_t last, int64_t rows, int64_t cols) { \
+        for (int64_t row = first; row < last; row++) {                                                             \
+            const int64_t seen = cols - rows + row % rows + 1;                                                     \
+            const TYPE_##T *dr = d + row * cols, *pr = probs + row * cols;                                         \
+            const uint8_t *kr = keep + row * cols;                                                                 \
+            TYPE_##T *out = ds + row * cols;                                                                       \
+            float acc[RMS_LANES] = {0.0f};                                                                         \
+            int64_t i = 0;                                                                                         \
+            for (; i + RMS_LANES <= seen; i += RMS_LANES)                                                          \
+                for (int l = 0; l < RMS_LANES; l++)                                                                \
+                    acc[l] += LOAD_##T(pr, i + l) * (LOAD_##T(dr, i + l) * (float)kr[i + l]);                      \
+            for (; i < seen; i++) acc[0] += LOAD_##T(pr, i) * (LOAD_##T(dr, i) * (float)kr[i]);                    \
+            float dot = 0.0f;                                                                                      \
+            for (int l = 0; l < RMS_LANES; l++) dot += acc[l];                                                     \
+            for (i = 0; i < seen; i++) STORE_##T(out, i, LOAD_##T(pr, i) * (LOAD_##T(dr, i) * (float)kr[i] - dot)); \
+            for (i = seen; i < cols; i++) STORE_##T(out, i, 0.0f);                                                 \
+        }                                                                                                          \
+    }
+
+CAUSAL_SOFTMAX(f32)
+CAUSAL_SOFTMAX(bf16)

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptforge.model.masks import apply_mask, keep_mask, native_rms
+from gptforge.model.masks import apply_mask, keep_mask, native_kernels
 
 
 @contextlib.contextmanager
@@ -105,7 +105,7 @@ def rms_norm(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
 
     On CPUs F.rms_norm is a chain of float32 operations with as many again backward, and a bf16 x goes to float32
     and back around it; RootMeanSquare reads each row once forward and once backward with the compiled kernel
-    (masks.native_rms: contiguous float32 / bf16 CPU tensors), else passes over x twice forward and three times
+    (masks.native_kernels: contiguous float32 / bf16 CPU tensors), else passes over x twice forward and three times
     backward in torch operations (docs/PERFORMANCE.md). Under torch.compile the plain expression, which inductor
     fuses itself."""
     if torch.compiler.is_compiling():
@@ -122,7 +122,7 @@ class RootMeanSquare(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # noqa: ANN001
         size = x.size(-1)
         kernel = _rms_kernel(x, dtype)
-        if kernel is not None:  # one pass over x (masks.native_rms)
+        if kernel is not None:  # one pass over x (masks.native_kernels)
             y, r = torch.empty(x.shape, dtype=dtype), torch.empty(*x.shape[:-1], 1)
             kernel(x.data_ptr(), y.data_ptr(), r.data_ptr(), 0, r.numel(), size, RMS_EPS)
             ctx.save_for_backward(x, r)
@@ -152,7 +152,7 @@ def _rms_kernel(x: torch.Tensor, dtype: torch.dtype):  # noqa: ANN202 - a ctypes
     """The compiled RMSNorm forward for a contiguous CPU x of this (x, y) dtype pair, where there is one."""
     if x.device.type != "cpu" or not x.is_contiguous() or x.numel() == 0:
         return None
-    native = native_rms()
+    native = native_kernels()
     return None if native is None else native.rms.get((x.dtype, dtype))
 
 
@@ -160,7 +160,7 @@ def _rms_back_kernel(grad: torch.Tensor, x: torch.Tensor):  # noqa: ANN202
     """The compiled RMSNorm backward for this (gradient, x) dtype pair (x contiguous: saved by the kernel's forward)."""
     if x.device.type != "cpu" or not x.is_contiguous() or x.numel() == 0 or grad.shape != x.shape:
         return None
-    native = native_rms()
+    native = native_kernels()
     return None if native is None else native.rms_back.get((grad.dtype, x.dtype))
 
 
@@ -234,7 +234,7 @@ def _rope_rms_kernels(x: torch.Tensor, cos: torch.Tensor):  # noqa: ANN202 - (fo
         return None
     if x.size(-1) % 2 or cos.shape != (x.size(2), x.size(-1) // 2):  # one row of angles per position
         return None
-    native = native_rms()
+    native = native_kernels()
     return None if native is None else native.rope_rms.get(x.dtype)
 
 

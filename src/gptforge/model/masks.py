@@ -53,7 +53,7 @@ def keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
 
 def draw_keep(like: torch.Tensor, p: float) -> torch.Tensor:
     """keep_mask's draw (the body of the `gptforge::keep_mask` operation)."""
-    threshold = round(p * 65536) - 32768  # an element is kept when its signed 16-bit value is >= this
+    threshold = keep_threshold(p)
     if like.device.type != "cpu":
         words = torch.empty((like.numel() + 3) // 4, dtype=torch.int64, device=like.device)
         words.random_(-(2**63), 2**63 - 1)
@@ -71,6 +71,11 @@ _keep_mask = torch.library.custom_op(
 @_keep_mask.register_fake
 def _(like: torch.Tensor, p: float) -> torch.Tensor:
     return torch.empty(like.shape, dtype=torch.bool, device=like.device)
+
+
+def keep_threshold(p: float) -> int:
+    """An element is kept when its signed 16-bit value is >= this: False with probability p (to 1/65536)."""
+    return round(p * 65536) - 32768
 
 
 def mask_seed() -> int:
@@ -131,6 +136,7 @@ class Native(NamedTuple):
     rms: dict[tuple[torch.dtype, torch.dtype], Callable[..., None]]
     rms_back: dict[tuple[torch.dtype, torch.dtype], Callable[..., None]]
     rope_rms: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # forward, backward by dtype
+    softmax: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # causal softmax + dropout, likewise
 
 
 # RMSNorm's compiled (input, output) dtype pairs: float32 in and out, bf16 written from float32 (a block's norm
@@ -147,9 +153,9 @@ def native_kernel():  # noqa: ANN201 - a ctypes function or None
     return None if native is None else native.keep
 
 
-def native_rms() -> Native | None:
-    """The compiled kernels for RMSNorm (Native.rms, .rms_back), or None where there are none (layers.py then
-    computes it with torch operations)."""
+def native_kernels() -> Native | None:
+    """The compiled kernels for RMSNorm (Native.rms, .rms_back, .rope_rms) and attention's causal softmax
+    (Native.softmax), or None where there are none (layers.py and attention.py then use torch operations)."""
     return _native()
 
 
@@ -199,15 +205,27 @@ def _load() -> tuple[Native | None, str]:
             forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float]
             backward.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 10
             rope_rms[dtype] = (forward, backward)
+        softmax = {}
+        for dtype, name in _C_NAMES.items():
+            forward, backward = (
+                getattr(library, f"gptforge_causal_softmax_{name}"),
+                getattr(library, f"gptforge_causal_softmax_back_{name}"),
+            )
+            forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_uint64, ctypes.c_int32]
+            backward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+            softmax[dtype] = (forward, backward)
     except AttributeError as e:
         return None, f"the compiled kernel could not be built or loaded ({e})"
-    for function in (*rms.values(), *rms_back.values(), *(f for pair in rope_rms.values() for f in pair)):
+    pairs = (*rope_rms.values(), *softmax.values())
+    for function in (*rms.values(), *rms_back.values(), *(f for pair in pairs for f in pair)):
         function.restype = None
-    native = Native(keep, {torch.bfloat16: bf16, torch.float32: f32}, rms, rms_back, rope_rms)
+    native = Native(keep, {torch.bfloat16: bf16, torch.float32: f32}, rms, rms_back, rope_rms, softmax)
     if not _agrees(native):
         return None, f"the compiled kernel ({path}) does not reproduce reference_keep and torch's masked products"
     if not (_rms_agrees(native) and _rope_rms_agrees(native)):
         return None, f"the compiled kernel's RMSNorm ({path}) does not agree with float64's"
+    if not _softmax_agrees(native):
+        return None, f"the compiled kernel's causal softmax ({path}) does not agree with float64's and keep_mask's"
     return native, ""
 
 
@@ -366,6 +384,43 @@ def _rope_rms_agrees(native: Native) -> bool:
             return False
         if not torch.allclose(dx.double(), want_dx, rtol=tol, atol=tol * want_dx.abs().max().item()):
             return False
+    return True
+
+
+def causal_softmax_reference(s: torch.Tensor, rows: int) -> torch.Tensor:
+    """keep_mask.c's causal softmax in float64: s (..., cols) in blocks of `rows` queries along its second-to-last
+    dimension, each the last `rows` of `cols` positions (row i of a block sees keys 0 .. cols - rows + i)."""
+    n, cols = s.size(-2), s.size(-1)
+    seen = torch.arange(cols) <= (torch.arange(n) % rows + cols - rows)[:, None]
+    return torch.softmax(s.double().masked_fill(~seen, float("-inf")), dim=-1)
+
+
+def _softmax_agrees(native: Native) -> bool:
+    """The compiled causal softmax with dropout, forward and backward, on two blocks of 3 queries over 8 and over 7
+    keys (a mask's words whole, and split across rows): the probabilities and the gradient within float32 rounding
+    (float32) or one bf16 rounding (bf16) of float64's, the mask reference_keep's bit for bit, att the kept
+    probabilities exactly."""
+    gen, rows, n, seed, threshold = torch.Generator().manual_seed(6), 3, 6, 2**63 - 99, 13107 - 32768
+    for cols in (8, 7):
+        s64 = torch.randn(n, cols, dtype=torch.float64, generator=gen) * 4
+        d64 = torch.randn(n, cols, dtype=torch.float64, generator=gen)
+        for dtype, (forward, backward) in native.softmax.items():
+            s, d, tol = s64.to(dtype), d64.to(dtype), _RMS_RTOL[dtype]
+            probs, att, keep = torch.empty_like(s), torch.empty_like(s), torch.empty(n, cols, dtype=torch.bool)
+            row = torch.empty(cols)  # the kernel's buffer: held here while it writes
+            forward(s.data_ptr(), probs.data_ptr(), att.data_ptr(), keep.data_ptr(), row.data_ptr(), 0, n, rows, cols,
+                    seed, threshold)  # fmt: skip
+            kept = torch.empty(n, cols, dtype=torch.bool)
+            reference_keep(kept.view(-1), seed, threshold)
+            if not (torch.equal(keep, kept) and torch.equal(att, probs * keep)):
+                return False
+            if not torch.allclose(probs.double(), causal_softmax_reference(s, rows), rtol=tol, atol=tol):
+                return False
+            ds = torch.empty_like(s)
+            backward(d.data_ptr(), keep.data_ptr(), probs.data_ptr(), ds.data_ptr(), 0, n, rows, cols)
+            p, dd = probs.double(), d.double() * kept
+            if not torch.allclose(ds.double(), p * (dd - (p * dd).sum(-1, keepdim=True)), rtol=tol, atol=tol):
+                return False
     return True
 
 
