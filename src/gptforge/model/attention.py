@@ -1,6 +1,7 @@
 """gptforge's own softmax attention for CPU training, where SDPA falls short: with dropout (SDPA's fused CPU kernel
 has none, and its math path draws torch's bernoulli masks) and, in bf16, at dropout 0 too (the fused kernel's bf16
-backward is twice this path's time). Causal, or any bool mask; queries in blocks where the mask allows. Torch only.
+backward is twice this path's time). Causal, or any bool mask; queries in blocks where the mask allows. Torch, and
+masks' compiled kernel for the causal blocks' softmax with dropout.
 """
 
 from __future__ import annotations
@@ -144,7 +145,9 @@ class CausalBlocks(torch.autograd.Function):
     the blocks saved. Here the rule goes onto each block's diagonal square only, in place; backward runs the
     blocks from the widest, writing dk, dv and each block's rows of dq directly and adding the narrower blocks'
     shares of dk and dv into their rows (baddbmm). Saved: each block's probabilities, its mask and, with dropout,
-    the dropped probabilities, as before."""
+    the dropped probabilities, as before. With dropout on a CPU the block's softmax, mask and dropped
+    probabilities are keep_mask.c's one pass over each row, and its gradient one pass back (_causal_softmax), where
+    torch's operations take three passes forward (softmax, draw, the mask's application) and two back."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:  # noqa: ANN001

@@ -1,6 +1,7 @@
-/* gptforge's compiled CPU kernels: dropout masks and their application (model/masks.py), and RMSNorm forward and
- * backward in one pass over each row (model/layers.py); model/masks.py compiles this file on first use and checks
- * every function against torch before using it.
+/* gptforge's compiled CPU kernels: dropout masks and their application (model/masks.py), RMSNorm forward and
+ * backward in one pass over each row (model/layers.py), and attention's causal softmax with dropout
+ * (model/attention.py); model/masks.py compiles this file on first use and checks every function against torch's
+ * masks or float64 before using it.
  *
  * Dropout masks: keep[i] is lane i % 4 (16 bits, little-endian order) of word i / 4, read as a signed
  * 16-bit integer, compared with `threshold`; word j is SplitMix64's output for the state seed + (j + 1) * golden.
@@ -200,8 +201,9 @@ ROPE_RMS(bf16)
  * may be s: each row is read whole before it is written); the row's dropout mask drawn as gptforge_keep_mask draws
  * element row * cols + j of the mask of `seed` (the same mask as keep_mask's over the whole tensor), and att =
  * probs where kept, 0 elsewhere. One read of the scores and one write of each output, where torch's operations
- * pass over the block five times. The backward, in one pass over a row: ds = probs (d' - sum(probs d')), d' = d
- * where kept, 0 elsewhere; ds may be d. Callers split the rows across threads (each with its own buffer e). */
+ * take three passes (softmax, draw, the mask's application). The backward, in one pass over a row (torch's: two):
+ * ds = probs (d' - sum(probs d')), d' = d where kept, 0 elsewhere; ds may be d. Callers split the rows across
+ * threads (each with its own buffer e). */
 static inline float exp_nonpositive(float x) {
     /* e^x for x <= 0 within ~2 float32 ulps, 0 below -87 (e^-87 ~ 1.6e-38): x = n ln2 + r with |r| <= ln2 / 2
      * (n rounded by adding and subtracting 1.5 * 2^23; ln2 in two parts), e^r by a degree-7 polynomial (Cephes'

@@ -10,8 +10,8 @@ compiler is found (slower; the same masks). torch's own bernoulli and random_ dr
 (17-25% of a CPU step with dropout 0.2); the kernel is ~20x faster than the 8 parallel torch streams it replaced
 (docs/PERFORMANCE.md). On other devices the 16-bit values come from the device's own generator. The same file
 applies a mask to bf16 and float32 tensors in one pass, checked bit for bit against torch's products, and holds
-RMSNorm's forward and backward, alone and after rotary, for layers.py (`native_rms`; checked against float64 at
-load).
+RMSNorm's forward and backward, alone and after rotary, for layers.py, and the causal softmax with dropout of
+attention's query blocks for attention.py (`native_kernels`; checked against float64 and reference_keep at load).
 """
 
 from __future__ import annotations
