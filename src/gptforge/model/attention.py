@@ -237,7 +237,7 @@ def _softmax_back(backward, d, keep, probs, rows: int, cols: int, first: int, la
 
 
 MIN_PART_ROWS = 256  # the compiled softmax splits its rows across threads in parts of at least this many
-_pools: dict = {}  # process id -> a thread pool for the parts after the first
+_pools: dict[int, tuple[int, concurrent.futures.ThreadPoolExecutor]] = {}  # process id -> (its threads, a pool)
 
 
 def in_parts(part: Callable[[int, int], None], n: int) -> None:
@@ -249,9 +249,10 @@ def in_parts(part: Callable[[int, int], None], n: int) -> None:
     if parts == 1:
         part(0, n)
         return
-    pool = _pools.get(os.getpid())
-    if pool is None or pool._max_workers < parts - 1:
-        pool = _pools[os.getpid()] = concurrent.futures.ThreadPoolExecutor(parts - 1, "gptforge-softmax")
+    threads, pool = _pools.get(os.getpid(), (0, None))
+    if pool is None or threads < parts - 1:
+        pool = concurrent.futures.ThreadPoolExecutor(parts - 1, "gptforge-softmax")
+        _pools[os.getpid()] = (parts - 1, pool)
     bounds = [n * i // parts for i in range(parts + 1)]
     others = [pool.submit(part, bounds[i], bounds[i + 1]) for i in range(1, parts)]
     part(bounds[0], bounds[1])
