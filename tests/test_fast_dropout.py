@@ -368,7 +368,8 @@ def test_attention_without_dropout_matches_a_float64_reference(T, dtype, monkeyp
 def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch, packed):
     """Only there (bf16, T <= OWN_ATTENTION_MAX_T), causal or with packed documents' mask (SFT's batches): the
     model's loss and gradients then equal the SDPA path's within bf16 rounding, and so does an evaluation's loss
-    (no gradients); float32 and longer sequences keep SDPA."""
+    (no gradients), which takes it too except on a CPU with AMX; float32 and longer sequences keep SDPA."""
+    monkeypatch.setattr(attn, "cpu_has_amx", lambda: False)  # a CPU without AMX; with it below
     calls = []
     real = attn.attention
     monkeypatch.setattr(model_module, "attention", lambda *a: calls.append(1) or real(*a))
@@ -400,10 +401,18 @@ def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch, pac
     assert len(calls) == 4  # the evaluation took it too
     torch.testing.assert_close(evaluations[0], evaluations[1], rtol=1e-2, atol=0)
     torch.testing.assert_close(evaluations[0], own_loss, rtol=1e-2, atol=0)  # no dropout: training's loss
-    q = torch.zeros(1, 1, 16, 8, dtype=torch.bfloat16)
-    assert attn.own_attention_pays(q)
+    q = torch.zeros(1, 1, 16, 8, dtype=torch.bfloat16, requires_grad=True)
+    assert attn.own_attention_pays(q) and attn.own_attention_pays(q.detach())
     assert not attn.own_attention_pays(q.float())
     assert not attn.own_attention_pays(torch.zeros(1, 1, attn.OWN_ATTENTION_MAX_T + 1, 8, dtype=torch.bfloat16))
+    monkeypatch.setattr(attn, "cpu_has_amx", lambda: True)  # with AMX: SDPA's fused forward without gradients
+    assert attn.own_attention_pays(q) and not attn.own_attention_pays(q.detach())
+    with torch.no_grad(), evaluating(model), torch.autocast("cpu", dtype=torch.bfloat16):
+        amx_evaluation = model(idx, idx, positions=positions if packed else None)[1]
+    assert len(calls) == 4  # SDPA's
+    torch.testing.assert_close(amx_evaluation, evaluations[0], rtol=1e-2, atol=0)
+    loss_and_grads(own=True)
+    assert len(calls) == 6  # training still takes the own attention
 
 
 def tiny_model(dropout: float) -> GPT:

@@ -65,6 +65,13 @@ def cpu_has_fast_bf16() -> bool:
     return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
 
 
+@functools.cache
+def cpu_has_amx() -> bool:
+    """True when the CPU has AMX tiles (Intel Xeon from Sapphire Rapids on), whose bf16 products SDPA's fused CPU
+    kernel uses: there it is the faster attention in a forward without gradients (model/attention.py)."""
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
 def onednn_nt(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """a @ b.T (+ bias) by oneDNN's matmul, whatever torch's BLAS is: a (M, K), b (N, K), either may be a transposed
     view. float32 on an x86-64 CPU where onednn_f32_available()."""

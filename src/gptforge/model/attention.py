@@ -14,6 +14,7 @@ from functools import partial
 
 import torch
 
+from gptforge.core.device import cpu_has_amx
 from gptforge.model.masks import apply_mask, keep_mask, keep_threshold, mask_seed, native_kernels
 
 QUERY_BLOCKS = 2  # attention goes in this many query blocks when T >= MIN_BLOCKED_T and the mask allows
@@ -23,16 +24,19 @@ OWN_ATTENTION_MAX_T = 512  # at dropout 0, bf16 on a CPU takes `attention` up to
 
 def own_attention_pays(q: torch.Tensor) -> bool:
     """Whether attention without dropout goes through `attention` instead of SDPA's fused kernel: on a CPU in bf16,
-    T <= OWN_ATTENTION_MAX_T, not compiled; training and evaluation alike (no KV cache: the caller decides). There
-    the fused kernel is slow in bf16: one layer forward + backward, (24, 6, 256, 64), 78 ms against 38; at T 512
-    132 against 58; with packed documents' mask (16, 4, 256, 64) 31 against 16; the forward alone (64, 6, 256, 64)
-    43 against 23 (a Zen 5 EPYC). The scores are materialised, (B, nh, T, T), so longer sequences keep SDPA; in
-    float32 it ties or wins (docs/PERFORMANCE.md)."""
+    T <= OWN_ATTENTION_MAX_T, not compiled; in training, and in evaluation too except on a CPU with AMX (no KV cache:
+    the caller decides). There the fused kernel is slow in bf16: one layer forward + backward, (24, 6, 256, 64), 78
+    ms against 38; at T 512 132 against 58; with packed documents' mask (16, 4, 256, 64) 31 against 16; the forward
+    alone (64, 6, 256, 64) 43 against 23 (a Zen 5 EPYC). On an AMX Xeon the fused kernel's forward is the faster
+    (nanoGPT's baby recipe's evaluation 414 against 503 ms, the baby speedrun's 202 against 229) and its training
+    step the slower (895 against 725 ms): q without gradients (evaluation, no_grad) takes it there. The scores are
+    materialised, (B, nh, T, T), so longer sequences keep SDPA; in float32 it ties or wins (docs/PERFORMANCE.md)."""
     return (
         q.device.type == "cpu"
         and q.dtype == torch.bfloat16
         and q.size(-2) <= OWN_ATTENTION_MAX_T
         and not torch.compiler.is_compiling()
+        and (q.requires_grad or not cpu_has_amx())
     )
 
 
