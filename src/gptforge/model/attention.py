@@ -158,9 +158,10 @@ class CausalBlocks(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once: every block's products take slices of them
         B, nh, T, hs = q.shape
         size = T // QUERY_BLOCKS
-        rule = torch.full((size, size), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)  # 0 on and below
         out = torch.empty(B, nh, T, hs, dtype=q.dtype, device=q.device)
         saved, kernels = [], _softmax_kernels(q, p)
+        if kernels is None:  # the torch operations' causal rule (the kernel has its own)
+            rule = torch.full((size, size), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)  # 0 on and below
         for start in range(0, T, size):
             end = start + size
             scores = q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1)  # (B, nh, size, end)

@@ -17,20 +17,27 @@ static inline uint64_t splitmix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-void gptforge_keep_mask(uint8_t *restrict keep, int64_t n, uint64_t seed, int32_t threshold) {
+static inline void draw(uint8_t *restrict keep, int64_t start, int64_t n, uint64_t seed, int32_t threshold) {
+    /* elements start .. start + n - 1 of the mask of seed into keep[0 .. n): from a word's first lane a word at a
+     * time, then any others one by one */
     const uint64_t golden = 0x9e3779b97f4a7c15ULL;
-    const int64_t words = n / 4;
+    const int64_t words = start % 4 == 0 ? n / 4 : 0;
     for (int64_t j = 0; j < words; j++) {
-        uint64_t w = splitmix64(seed + (uint64_t)(j + 1) * golden);
+        uint64_t w = splitmix64(seed + ((uint64_t)(start / 4 + j) + 1) * golden);
         keep[4 * j] = (int16_t)(uint16_t)w >= threshold;
         keep[4 * j + 1] = (int16_t)(uint16_t)(w >> 16) >= threshold;
         keep[4 * j + 2] = (int16_t)(uint16_t)(w >> 32) >= threshold;
         keep[4 * j + 3] = (int16_t)(uint16_t)(w >> 48) >= threshold;
     }
-    if (words * 4 < n) {
-        uint64_t w = splitmix64(seed + (uint64_t)(words + 1) * golden);
-        for (int64_t i = words * 4; i < n; i++, w >>= 16) keep[i] = (int16_t)(uint16_t)w >= threshold;
+    for (int64_t j = 4 * words; j < n; j++) {
+        uint64_t i = (uint64_t)(start + j);
+        uint64_t w = splitmix64(seed + ((i >> 2) + 1) * golden);
+        keep[j] = (int16_t)(uint16_t)(w >> (16 * (i & 3))) >= threshold;
     }
+}
+
+void gptforge_keep_mask(uint8_t *restrict keep, int64_t n, uint64_t seed, int32_t threshold) {
+    draw(keep, 0, n, seed, threshold);
 }
 
 /* A mask applied: out[i] = (x[i] * keep[i]) * scale, rounded as torch rounds `(x * as_ones(keep)).mul_(scale)`:
@@ -218,26 +225,6 @@ static inline float exp_nonpositive(float x) {
     return x < -87.0f ? 0.0f : y * two_n.f;
 }
 
-static void draw_row(uint8_t *restrict keep, int64_t start, int64_t n, uint64_t seed, int32_t threshold) {
-    /* elements start .. start + n - 1 of the mask of seed (gptforge_keep_mask's rule), into keep[0 .. n) */
-    const uint64_t golden = 0x9e3779b97f4a7c15ULL;
-    if (start % 4 == 0 && n % 4 == 0) {
-        for (int64_t j = 0; j < n / 4; j++) {
-            uint64_t w = splitmix64(seed + ((uint64_t)(start / 4 + j) + 1) * golden);
-            keep[4 * j] = (int16_t)(uint16_t)w >= threshold;
-            keep[4 * j + 1] = (int16_t)(uint16_t)(w >> 16) >= threshold;
-            keep[4 * j + 2] = (int16_t)(uint16_t)(w >> 32) >= threshold;
-            keep[4 * j + 3] = (int16_t)(uint16_t)(w >> 48) >= threshold;
-        }
-        return;
-    }
-    for (int64_t j = 0; j < n; j++) {
-        uint64_t i = (uint64_t)(start + j);
-        uint64_t w = splitmix64(seed + ((i >> 2) + 1) * golden);
-        keep[j] = (int16_t)(uint16_t)(w >> (16 * (i & 3))) >= threshold;
-    }
-}
-
 /* a float's bits as an int32 that orders as the floats do (negative values' magnitude bits flipped), and back:
  * integer maxima vectorise where float ones (NaN's rules) do not */
 static inline int32_t float_order(float f) {
@@ -307,7 +294,7 @@ static inline float order_float(int32_t k) {
             for (; i < cols; i++) STORE_##T(pr, i, 0.0f);                                                         \
             uint8_t *kr = keep + row * cols;                                                                       \
             TYPE_##T *ar = att + row * cols;                                                                       \
-            draw_row(kr, row * cols, cols, seed, threshold);                                                       \
+            draw(kr, row * cols, cols, seed, threshold);                                                       \
             for (i = 0; i < cols; i++) STORE_##T(ar, i, LOAD_##T(pr, i) * (float)kr[i]);                          \
         }                                                                                                          \
     }                                                                                                              \
