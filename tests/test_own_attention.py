@@ -192,3 +192,55 @@ def test_attention_without_dropout_matches_a_float64_reference(T, dtype, monkeyp
     keep = torch.ones(T, T, dtype=torch.bool)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2**-6, atol=3e-2)
     assert_equals_reference(out, (q, k, v), lambda *qkv: reference_attention(*qkv, keep, 0.0), gen, **tolerance)
+
+
+def test_split_heads_gives_the_projections_head_views_and_their_gradient():
+    """split_heads: q, k, v equal to split + view + transpose of the projection (B, T, 3 C), contiguous, and the
+    projection's gradient equal to autograd's through those views (copies only: bit for bit)."""
+    gen = torch.Generator().manual_seed(0)
+    B, T, nh, hs = 2, 6, 3, 4
+    qkv = torch.randn(B, T, 3 * nh * hs, generator=gen, dtype=torch.bfloat16, requires_grad=True)
+    views = [t.view(B, T, nh, hs).transpose(1, 2) for t in qkv.split(nh * hs, dim=2)]
+    heads = attn.split_heads(qkv, nh)
+    grads = [torch.randn(B, nh, T, hs, generator=gen, dtype=torch.bfloat16) for _ in range(3)]
+    for mine, theirs in zip(heads, views, strict=True):
+        assert mine.is_contiguous() and torch.equal(mine, theirs)
+    (want,) = torch.autograd.grad(views, qkv, grads)
+    (got,) = torch.autograd.grad(heads, qkv, grads)
+    assert torch.equal(got, want)
+    (v_only,) = torch.autograd.grad(attn.split_heads(qkv, nh)[2], qkv, grads[2])  # q and k without a gradient
+    assert torch.equal(v_only[..., : 2 * nh * hs], torch.zeros(B, T, 2 * nh * hs, dtype=torch.bfloat16))
+    assert torch.equal(v_only[..., 2 * nh * hs :], grads[2].transpose(1, 2).reshape(B, T, nh * hs))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_model_splits_heads_once_for_the_own_attention_with_the_same_result(dropout, monkeypatch):
+    """In bf16 CPU training on the own attention's query blocks (no rotary, no QK-norm), the model splits the
+    projection into heads with split_heads: loss and every gradient equal, bit for bit, to the head views it took
+    before (attention copied them), with dropout's masks from the same seed."""
+    from gptforge.model import gpt as gpt_module
+
+    calls, real = [], attn.split_heads
+    monkeypatch.setattr(gpt_module, "split_heads", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    config = gpt_module.GPTConfig(block_size=128, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=dropout)
+    model = gpt_module.GPT(config)
+    model.use_fast_dropout(True)
+    idx = torch.randint(0, 37, (2, 128), generator=torch.Generator().manual_seed(1))
+
+    def loss_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        torch.manual_seed(2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = model(idx, idx)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    split_loss, split_grads = loss_and_grads()
+    assert len(calls) == 2  # both layers
+    views = lambda qkv, nh: [t.view(*t.shape[:2], nh, -1).transpose(1, 2) for t in qkv.chunk(3, -1)]  # noqa: E731
+    monkeypatch.setattr(gpt_module, "split_heads", views)
+    view_loss, view_grads = loss_and_grads()
+    assert torch.equal(split_loss, view_loss)
+    for mine, theirs in zip(split_grads, view_grads, strict=True):
+        assert torch.equal(mine, theirs)

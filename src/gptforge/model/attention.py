@@ -30,7 +30,8 @@ def own_attention_pays(q: torch.Tensor) -> bool:
     alone (64, 6, 256, 64) 43 against 23 (a Zen 5 EPYC). On an AMX Xeon the fused kernel's forward is the faster
     (nanoGPT's baby recipe's evaluation 414 against 503 ms, the baby speedrun's 202 against 229) and its training
     step the slower (895 against 725 ms): q without gradients (evaluation, no_grad) takes it there. The scores are
-    materialised, (B, nh, T, T), so longer sequences keep SDPA; in float32 it ties or wins (docs/PERFORMANCE.md)."""
+    materialised, (B, nh, T, T), so longer sequences keep SDPA; in float32 it ties or wins (docs/PERFORMANCE.md).
+    q: the queries (B, nh, T, hs) or the projection (B, T, 3 C) they come from: T is the second-to-last dimension."""
     return (
         q.device.type == "cpu"
         and q.dtype == torch.bfloat16
@@ -78,20 +79,51 @@ def attention(
     lets no query of a block see a key after the block (packed documents' masks are causal: they never do).
     Causal blocks outside torch.compile are one autograd step (CausalBlocks)."""
     T, S = q.size(-2), k.size(-2)
-    q = q * (1.0 / math.sqrt(q.size(-1)))
+    scale = 1.0 / math.sqrt(q.size(-1))
     if mask is not None:
         mask = mask.expand(*mask.shape[:-2], T, S)  # a query or key dimension of 1 stands for all of them
     size = T // QUERY_BLOCKS
     if T != S or T < MIN_BLOCKED_T or T % QUERY_BLOCKS or not _blocks_fit(mask, size):
-        return _attend(q, k, v, p, mask)
+        return _attend(q * scale, k, v, p, mask)
     if mask is None and not torch.compiler.is_compiling():
         with torch.autocast(q.device.type, enabled=False):
-            return CausalBlocks.apply(q, k.to(q.dtype), v.to(q.dtype), p)
+            return CausalBlocks.apply(q, k.to(q.dtype), v.to(q.dtype), p, scale)
+    q = q * scale
     outputs = [
         _attend(q[:, :, i : i + size], k[:, :, : i + size], v[:, :, : i + size], p, _rows(mask, i, i + size))
         for i in range(0, T, size)
     ]
     return torch.cat(outputs, dim=-2)
+
+
+def split_heads(qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v (B, nh, T, hs), each contiguous, from the attention's one projection qkv (B, T, 3 C): what
+    split + view + transpose give, in one copy forward and one pass back (SplitHeads), where `attention` would
+    copy the transposed views anyway and autograd's backward of the split copies each gradient and then
+    concatenates them."""
+    return SplitHeads.apply(qkv, n_head)
+
+
+class SplitHeads(torch.autograd.Function):
+    """(B, T, 3 C) -> three contiguous (B, nh, T, hs); backward writes the three gradients into (B, T, 3 C)."""
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # noqa: ANN001
+        B, T, C3 = qkv.shape
+        heads = qkv.view(B, T, 3, n_head, C3 // (3 * n_head)).unbind(2)  # (B, T, nh, hs) views
+        q, k, v = (h.transpose(1, 2).contiguous() for h in heads)  # three copies: faster than one of all three
+        return q, k, v
+
+    @staticmethod
+    def backward(ctx, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN001
+        B, nh, T, hs = dq.shape
+        dqkv = torch.empty(B, T, 3, nh, hs, dtype=dq.dtype, device=dq.device)
+        for i, d in enumerate((dq, dk, dv)):
+            if d is None:
+                dqkv[:, :, i].zero_()
+            else:
+                dqkv[:, :, i].copy_(d.transpose(1, 2))
+        return dqkv.view(B, T, 3 * nh * hs), None
 
 
 def _blocks_fit(mask: torch.Tensor | None, size: int) -> bool:
@@ -142,29 +174,35 @@ class SoftmaxDropout(torch.autograd.Function):
 
 
 class CausalBlocks(torch.autograd.Function):
-    """Causal attention of scaled queries q over k, v (B, nh, T, hs), one dtype, in QUERY_BLOCKS query blocks, as
-    one autograd step: what `_attend` per block and a concatenation compute, without autograd's bookkeeping
-    around the blocks. That bookkeeping (each block's slice of k and v gets a zero-filled full-size gradient that
-    is then added up, the concatenation's backward, the causal rule added to all of a block's scores) cost what
-    the blocks saved. Here the rule goes onto each block's diagonal square only, in place; backward runs the
-    blocks from the widest, writing dk, dv and each block's rows of dq directly and adding the narrower blocks'
-    shares of dk and dv into their rows (baddbmm). Saved: each block's probabilities, its mask and, with dropout,
-    the dropped probabilities, as before. With dropout on a CPU the block's softmax, mask and dropped
-    probabilities are keep_mask.c's one pass over each row, and its gradient one pass back (_causal_softmax), where
-    torch's operations take three passes forward (softmax, draw, the mask's application) and two back."""
+    """Causal attention of q over k, v (B, nh, T, hs), one dtype, in QUERY_BLOCKS query blocks, as one autograd
+    step: what `_attend` per block and a concatenation compute, without autograd's bookkeeping around the blocks.
+    That bookkeeping (each block's slice of k and v gets a zero-filled full-size gradient that is then added up, the
+    concatenation's backward, the causal rule added to all of a block's scores) cost what the blocks saved. Here the
+    rule goes onto each block's diagonal square only, in place; backward runs the blocks from the widest, writing
+    dk, dv and each block's rows of dq directly and adding the narrower blocks' shares of dk and dv into their rows
+    (baddbmm). The scalings ride on the products (their alpha, applied to the float accumulators before rounding):
+    `scale` (1 / sqrt(hs)) on the scores and on dq, dk, 1 / (1 - p) on the output and on the gradient's products,
+    instead of passes of their own over q, the output and the gradient. Saved: each block's probabilities, its mask
+    and, with dropout, the dropped probabilities, as before. With dropout on a CPU the block's softmax, mask and
+    dropped probabilities are keep_mask.c's one pass over each row, and its gradient one pass back
+    (_causal_softmax), where torch's operations take three passes forward (softmax, draw, the mask's application)
+    and two back."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, scale: float) -> torch.Tensor:  # noqa: ANN001
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once: every block's products take slices of them
         B, nh, T, hs = q.shape
         size = T // QUERY_BLOCKS
+        q3, k3, v3 = (x.view(B * nh, T, hs) for x in (q, k, v))
         out = torch.empty(B, nh, T, hs, dtype=q.dtype, device=q.device)
+        out3 = out.view(B * nh, T, hs)
         saved, kernels = [], _softmax_kernels(q, p)
         if kernels is None:  # the torch operations' causal rule (the kernel has its own)
             rule = torch.full((size, size), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)  # 0 on and below
         for start in range(0, T, size):
             end = start + size
-            scores = q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1)  # (B, nh, size, end)
+            scores = torch.empty(B, nh, size, end, dtype=q.dtype, device=q.device)
+            scores.view(B * nh, size, end).baddbmm_(q3[:, start:end], k3[:, :end].mT, beta=0.0, alpha=scale)
             if kernels is not None:
                 probs, att, keep = _causal_softmax(kernels[0], scores, size, p)
             else:
@@ -172,22 +210,19 @@ class CausalBlocks(torch.autograd.Function):
                 probs = torch.softmax(scores, dim=-1)
                 keep = keep_mask(probs, p) if p > 0.0 else None
                 att = apply_mask(probs, keep) if keep is not None else probs
-            out[:, :, start:end] = att @ v[:, :, :end]
+            out3[:, start:end].baddbmm_(att.view(B * nh, size, end), v3[:, :end], beta=0.0, alpha=_undrop(p))
             saved += [probs, att, keep]
-        if p > 0.0:
-            out.mul_(1.0 / (1.0 - p))
-        ctx.p, ctx.kernels = p, kernels
+        ctx.p, ctx.scale, ctx.kernels = p, scale, kernels
         ctx.save_for_backward(q, k, v, *saved)
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:  # noqa: ANN001
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:  # noqa: ANN001
         q, k, v, *saved = ctx.saved_tensors
-        p, (B, nh, T, hs) = ctx.p, q.shape
+        p, scale, (B, nh, T, hs) = ctx.p, ctx.scale, q.shape
         size = T // QUERY_BLOCKS
-        grad = grad.to(q.dtype) * (1.0 / (1.0 - p)) if p > 0.0 else grad.to(q.dtype)
         flat = lambda x: x.reshape(B * nh, *x.shape[2:])  # noqa: E731 - (B, nh, ...) as a batch of matrices
-        q3, k3, v3, g3 = flat(q), flat(k), flat(v), flat(grad)
+        q3, k3, v3, g3 = flat(q), flat(k), flat(v), flat(grad.to(q.dtype))
         dq3 = torch.empty(B * nh, T, hs, dtype=q.dtype, device=q.device)
         dk3, dv3 = torch.empty_like(dq3), torch.empty_like(dq3)
         for block in reversed(range(QUERY_BLOCKS)):  # the widest first: it writes all of dk and dv
@@ -195,8 +230,9 @@ class CausalBlocks(torch.autograd.Function):
             probs, att, keep = saved[3 * block : 3 * block + 3]
             probs3, att3, rows = flat(probs), flat(att), g3[:, start:end]
             beta = 0.0 if end == T else 1.0  # beta 0 ignores what the output held
-            dv3[:, :end].baddbmm_(att3.mT, rows, beta=beta)
-            dprobs = rows @ v3[:, :end].mT  # (B * nh, size, end)
+            dv3[:, :end].baddbmm_(att3.mT, rows, beta=beta, alpha=_undrop(p))
+            dprobs = torch.empty(B * nh, size, end, dtype=q.dtype, device=q.device)
+            dprobs.baddbmm_(rows, v3[:, :end].mT, beta=0.0, alpha=_undrop(p))
             if ctx.kernels is not None:  # in place: dprobs becomes dscores
                 in_parts(partial(_softmax_back, ctx.kernels[1], dprobs, keep, probs3, size, end), B * nh * size)
                 dscores = dprobs
@@ -204,10 +240,15 @@ class CausalBlocks(torch.autograd.Function):
                 if keep is not None:
                     apply_mask(dprobs, flat(keep), out=dprobs)
                 dscores = torch._softmax_backward_data(dprobs, probs3, -1, probs3.dtype)
-            dq3[:, start:end].baddbmm_(dscores, k3[:, :end], beta=0.0)
-            dk3[:, :end].baddbmm_(dscores.mT, q3[:, start:end], beta=beta)
+            dq3[:, start:end].baddbmm_(dscores, k3[:, :end], beta=0.0, alpha=scale)
+            dk3[:, :end].baddbmm_(dscores.mT, q3[:, start:end], beta=beta, alpha=scale)
         shape = (B, nh, T, hs)
-        return dq3.view(shape), dk3.view(shape), dv3.view(shape), None
+        return dq3.view(shape), dk3.view(shape), dv3.view(shape), None, None
+
+
+def _undrop(p: float) -> float:
+    """Dropout's scaling of what is kept: 1 / (1 - p), 1 without dropout."""
+    return 1.0 / (1.0 - p) if p > 0.0 else 1.0
 
 
 def _softmax_kernels(q: torch.Tensor, p: float):  # noqa: ANN202 - keep_mask.c's (forward, backward) or None

@@ -13,7 +13,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptforge.core.shape import ModelShape
-from gptforge.model.attention import attention, own_attention_pays
+from gptforge.model.attention import attention, own_attention_pays, split_heads
 from gptforge.model.head_loss import compiled_loss, head_loss, head_loss_pays
 from gptforge.model.layers import (
     Dropout,
@@ -67,11 +67,14 @@ class CausalSelfAttention(nn.Module):
         bool mask broadcastable to (B, nh, T, keys), True where a query may attend (the caller's whole rule: causal,
         documents, padding); None: causal, after any cached tokens."""
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
-        hs = C // self.n_head
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        qkv = self.c_attn(x)  # (B, T, 3 C): q, k, v side by side
+        p = self.dropout if self.training else 0.0
+        own = cache is None and (self.fast_dropout and 0.0 < p < 1.0 or p == 0.0 and own_attention_pays(qkv))
+        if own and rope is None and not self.qk_norm and not torch.compiler.is_compiling():
+            q, k, v = split_heads(qkv, self.n_head)  # (B, nh, T, hs) each, contiguous, as `attention` takes them
+        else:
+            hs = C // self.n_head
+            q, k, v = (t.view(B, T, self.n_head, hs).transpose(1, 2) for t in qkv.split(self.n_embd, dim=2))
         if rope is not None and self.qk_norm:  # one step: on a CPU one pass each way (layers.rotary_rms_norm)
             q, k = rotary_rms_norm(q, *rope), rotary_rms_norm(k, *rope)
         elif rope is not None:
@@ -89,10 +92,9 @@ class CausalSelfAttention(nn.Module):
             if mask is None and past and T > 1:
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)  # (T, past + T)
             k, v = cache.update(layer, k, v)  # (B, nh, past + T, hs)
-        p = self.dropout if self.training else 0.0
         if cache is not None and hasattr(cache, "attend"):  # a cache with its own attention (infer/decode.py)
             y = cache.attend(q, k, v, mask)
-        elif cache is None and (self.fast_dropout and 0.0 < p < 1.0 or p == 0.0 and own_attention_pays(q)):
+        elif own:
             y = attention(q, k, v, p, mask)  # gptforge's own: cheap dropout masks; bf16 CPU training
         else:  # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future
             masked = {"attn_mask": mask} if mask is not None else {}
