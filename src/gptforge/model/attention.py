@@ -6,11 +6,8 @@ masks' compiled kernel for the causal blocks' softmax with dropout.
 
 from __future__ import annotations
 
-import concurrent.futures
+import ctypes
 import math
-import os
-from collections.abc import Callable
-from functools import partial
 
 import torch
 
@@ -234,7 +231,8 @@ class CausalBlocks(torch.autograd.Function):
             dprobs = torch.empty(B * nh, size, end, dtype=q.dtype, device=q.device)
             dprobs.baddbmm_(rows, v3[:, :end].mT, beta=0.0, alpha=_undrop(p))
             if ctx.kernels is not None:  # in place: dprobs becomes dscores
-                in_parts(partial(_softmax_back, ctx.kernels[1], dprobs, keep, probs3, size, end), B * nh * size)
+                ctx.kernels[1](dprobs.data_ptr(), keep.data_ptr(), probs3.data_ptr(), dprobs.data_ptr(), 0,
+                               B * nh * size, size, end)  # fmt: skip
                 dscores = dprobs
             else:
                 if keep is not None:
@@ -261,46 +259,14 @@ def _softmax_kernels(q: torch.Tensor, p: float):  # noqa: ANN202 - keep_mask.c's
 
 def _causal_softmax(forward, scores: torch.Tensor, rows: int, p: float):  # noqa: ANN001, ANN202
     """A query block's (probabilities, dropped probabilities, mask) by keep_mask.c in one pass over each row, its rows
-    split across threads (in_parts): scores (B, nh, rows, cols), contiguous, the last `rows` queries of `cols`
-    positions, become the probabilities (the causal rule is the kernel's: no -inf is added); the mask is
+    split across torch's threads by the kernel: scores (B, nh, rows, cols), contiguous, the last `rows` queries of
+    `cols` positions, become the probabilities (the causal rule is the kernel's: no -inf is added); the mask is
     keep_mask's, from a seed drawn as keep_mask draws it: the same masks as the torch operations' path."""
     n, cols = scores.numel() // scores.size(-1), scores.size(-1)
     keep, att = torch.empty(scores.shape, dtype=torch.bool), torch.empty_like(scores)
-    seed, threshold = mask_seed(), keep_threshold(p)
-
-    def part(first: int, last: int) -> None:
-        row = torch.empty(cols)  # the kernel's float32 exponentials of one row, one buffer a thread
-        forward(scores.data_ptr(), scores.data_ptr(), att.data_ptr(), keep.data_ptr(), row.data_ptr(), first, last,
-                rows, cols, seed, threshold)  # fmt: skip
-
-    in_parts(part, n)
+    failed = ctypes.c_int32(0)  # ctypes lets go of Python's lock meanwhile
+    forward(scores.data_ptr(), scores.data_ptr(), att.data_ptr(), keep.data_ptr(), 0, n, rows, cols, mask_seed(),
+            keep_threshold(p), ctypes.byref(failed))  # fmt: skip
+    if failed.value:
+        raise MemoryError(f"attention's softmax: no memory for a row buffer of {cols} floats")
     return scores, att, keep
-
-
-def _softmax_back(backward, d, keep, probs, rows: int, cols: int, first: int, last: int) -> None:  # noqa: ANN001
-    """Rows [first, last) of the compiled causal softmax's gradient, in place over d."""
-    backward(d.data_ptr(), keep.data_ptr(), probs.data_ptr(), d.data_ptr(), first, last, rows, cols)
-
-
-MIN_PART_ROWS = 256  # the compiled softmax splits its rows across threads in parts of at least this many
-_pools: dict[int, tuple[int, concurrent.futures.ThreadPoolExecutor]] = {}  # process id -> (its threads, a pool)
-
-
-def in_parts(part: Callable[[int, int], None], n: int) -> None:
-    """part(first, last) over rows [0, n) in torch.get_num_threads() parts at once (fewer where rows are few): the
-    first in this thread, the others in a pool's threads. A compiled kernel called through ctypes lets go of
-    Python's lock, so the parts run side by side, as torch's own operations do on the machine's cores. (A pool made
-    before a fork has no threads in the child: each process makes its own.)"""
-    parts = max(1, min(torch.get_num_threads(), n // MIN_PART_ROWS))
-    if parts == 1:
-        part(0, n)
-        return
-    threads, pool = _pools.get(os.getpid(), (0, None))
-    if pool is None or threads < parts - 1:
-        pool = concurrent.futures.ThreadPoolExecutor(parts - 1, "gptforge-softmax")
-        _pools[os.getpid()] = (parts - 1, pool)
-    bounds = [n * i // parts for i in range(parts + 1)]
-    others = [pool.submit(part, bounds[i], bounds[i + 1]) for i in range(1, parts)]
-    part(bounds[0], bounds[1])
-    for other in others:
-        other.result()

@@ -10,6 +10,57 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Threads: built with -fopenmp (model/masks.py does where the compiler can and torch runs on libgomp), every
+ * kernel splits its rows or elements across the OpenMP threads of the runtime torch itself runs on (the library
+ * torch loaded answers to libgomp.so.1: one pool of threads, the ones torch's own operations use, never a second
+ * one), as many as torch.get_num_threads() in the calling thread (omp_get_max_threads), fewer for small work
+ * (MIN_PART_WORK elements a thread). Each part computes exactly what one thread computes for its rows: results do
+ * not depend on the number of threads. Built without it, one thread. */
+#define MIN_PART_WORK 32768
+
+static inline int parts_for(int64_t work) {
+#ifdef _OPENMP
+    const int64_t most = omp_get_max_threads(), parts = work / MIN_PART_WORK;
+    return (int)(parts < 1 ? 1 : parts < most ? parts : most);
+#else
+    (void)work;
+    return 1;
+#endif
+}
+
+/* this thread's share [*lo, *hi) of [first, last), bounds rounded to multiples of `align` (from first) */
+static inline void part_bounds(int64_t first, int64_t last, int64_t align, int64_t *lo, int64_t *hi) {
+#ifdef _OPENMP
+    const int64_t k = omp_get_num_threads(), t = omp_get_thread_num(), units = (last - first + align - 1) / align;
+    const int64_t a = first + units * t / k * align, b = first + units * (t + 1) / k * align;
+#else
+    const int64_t a = first, b = last;
+#endif
+    *lo = a < last ? a : last;
+    *hi = b < last ? b : last;
+}
+
+/* BODY (which reads lo, hi) for the parts of [FIRST, LAST), one a thread */
+#define IN_PARTS(FIRST, LAST, WORK, ALIGN, ...)                                                                    \
+    do {                                                                                                           \
+        const int64_t first_ = (FIRST), last_ = (LAST);                                                            \
+        const int parts_ = parts_for(WORK);                                                                        \
+        (void)parts_;                                                                                              \
+        _Pragma("omp parallel num_threads(parts_) if (parts_ > 1)") {                                              \
+            int64_t lo, hi;                                                                                        \
+            part_bounds(first_, last_, (ALIGN), &lo, &hi);                                                         \
+            __VA_ARGS__                                                                                            \
+        }                                                                                                          \
+    } while (0)
+
+int gptforge_threads(void) { /* the threads a large kernel runs on here (1 without OpenMP) */
+    return parts_for(INT64_MAX);
+}
 
 static inline uint64_t splitmix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -37,7 +88,7 @@ static inline void draw(uint8_t *restrict keep, int64_t start, int64_t n, uint64
 }
 
 void gptforge_keep_mask(uint8_t *restrict keep, int64_t n, uint64_t seed, int32_t threshold) {
-    draw(keep, 0, n, seed, threshold);
+    IN_PARTS(0, n, n, 64, draw(keep + lo, lo, hi - lo, seed, threshold););
 }
 
 /* A mask applied: out[i] = (x[i] * keep[i]) * scale, rounded as torch rounds `(x * as_ones(keep)).mul_(scale)`:
@@ -57,11 +108,11 @@ static inline uint16_t float_to_bf16(float f) {
 }
 
 void gptforge_masked_bf16(const uint16_t *x, const uint8_t *restrict keep, uint16_t *out, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) out[i] = float_to_bf16(bf16_to_float(x[i]) * (float)keep[i] * scale);
+    IN_PARTS(0, n, n, 64, for (int64_t i = lo; i < hi; i++) out[i] = float_to_bf16(bf16_to_float(x[i]) * (float)keep[i] * scale););
 }
 
 void gptforge_masked_f32(const float *x, const uint8_t *restrict keep, float *out, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) out[i] = x[i] * (float)keep[i] * scale;
+    IN_PARTS(0, n, n, 64, for (int64_t i = lo; i < hi; i++) out[i] = x[i] * (float)keep[i] * scale;);
 }
 
 /* RMSNorm over rows of n: y = x r with r = 1 / sqrt(mean(x^2) + eps) per row (kept for backward), and its gradient
@@ -103,19 +154,19 @@ RMS_INVERSE(bf16)
 #define RMS_FORWARD(TX, TY)                                                                                     \
     void gptforge_rms_##TX##_##TY(const TYPE_##TX *x, TYPE_##TY *y, float *r, int64_t first, int64_t last,     \
                                   int64_t n, float eps) {                                                       \
-        for (int64_t row = first; row < last; row++) {                                                          \
+        IN_PARTS(first, last, (last - first) * n, 1, for (int64_t row = lo; row < hi; row++) {                  \
             const TYPE_##TX *xr = x + row * n;                                                                  \
             TYPE_##TY *yr = y + row * n;                                                                        \
             float rr = rms_inverse_##TX(xr, n, eps);                                                            \
             r[row] = rr;                                                                                        \
             for (int64_t i = 0; i < n; i++) STORE_##TY(yr, i, LOAD_##TX(xr, i) * rr);                           \
-        }                                                                                                       \
+        });                                                                                                     \
     }
 
 #define RMS_BACKWARD(TG, TX)                                                                                    \
     void gptforge_rms_back_##TG##_##TX(const TYPE_##TG *g, const TYPE_##TX *x, const float *r, TYPE_##TX *dx,  \
                                        int64_t first, int64_t last, int64_t n) {                                \
-        for (int64_t row = first; row < last; row++) {                                                          \
+        IN_PARTS(first, last, (last - first) * n, 1, for (int64_t row = lo; row < hi; row++) {                  \
             const TYPE_##TG *gr = g + row * n;                                                                  \
             const TYPE_##TX *xr = x + row * n;                                                                  \
             TYPE_##TX *dr = dx + row * n;                                                                       \
@@ -129,7 +180,7 @@ RMS_INVERSE(bf16)
             float rr = r[row];                                                                                  \
             float c = -rr * rr * rr * (dot / (float)n);                                                         \
             for (i = 0; i < n; i++) STORE_##TX(dr, i, LOAD_##TG(gr, i) * rr + LOAD_##TX(xr, i) * c);            \
-        }                                                                                                       \
+        });                                                                                                     \
     }
 
 RMS_FORWARD(f32, f32)
@@ -150,11 +201,9 @@ RMS_BACKWARD(bf16, bf16)
                                int64_t B, int64_t H, int64_t Tn, int64_t hs, int64_t sb, int64_t sh, int64_t st,    \
                                float eps) {                                                                        \
         const int64_t half = hs / 2;                                                                               \
-        for (int64_t b = 0; b < B; b++)                                                                            \
-            for (int64_t h = 0; h < H; h++)                                                                        \
-                for (int64_t t = 0; t < Tn; t++) {                                                                 \
+        IN_PARTS(0, B * H * Tn, B * H * Tn * hs, 1, for (int64_t row = lo; row < hi; row++) {                     \
+                    const int64_t b = row / (H * Tn), h = row / Tn % H, t = row % Tn;                              \
                     const TYPE_##T *xr = x + b * sb + h * sh + t * st;                                             \
-                    const int64_t row = (b * H + h) * Tn + t;                                                      \
                     TYPE_##T *yr = y + row * hs;                                                                   \
                     const float *cr = cos + t * half, *sr = sin + t * half;                                        \
                     const float rr = rms_inverse_##T(xr, hs, eps);                                                 \
@@ -164,19 +213,16 @@ RMS_BACKWARD(bf16, bf16)
                         STORE_##T(yr, i, (a * cr[i] + c * sr[i]) * rr);                                            \
                         STORE_##T(yr, i + half, (c * cr[i] - a * sr[i]) * rr);                                     \
                     }                                                                                              \
-                }                                                                                                  \
+                });                                                                                                \
     }                                                                                                              \
     void gptforge_rope_rms_back_##T(const TYPE_##T *g, const TYPE_##T *x, const float *r, const float *cos,        \
                                     const float *sin, TYPE_##T *dx, int64_t B, int64_t H, int64_t Tn, int64_t hs,   \
                                     int64_t sb, int64_t sh, int64_t st, int64_t db, int64_t dh, int64_t dt) {       \
         const int64_t half = hs / 2;                                                                               \
-        float u[1024];                                                                                             \
-        for (int64_t b = 0; b < B; b++)                                                                            \
-            for (int64_t h = 0; h < H; h++)                                                                        \
-                for (int64_t t = 0; t < Tn; t++) {                                                                 \
+        IN_PARTS(0, B * H * Tn, B * H * Tn * hs, 1, float u[1024]; for (int64_t row = lo; row < hi; row++) {      \
+                    const int64_t b = row / (H * Tn), h = row / Tn % H, t = row % Tn;                              \
                     const TYPE_##T *xr = x + b * sb + h * sh + t * st;                                             \
                     TYPE_##T *dr = dx + b * db + h * dh + t * dt;                                                  \
-                    const int64_t row = (b * H + h) * Tn + t;                                                      \
                     const TYPE_##T *gr = g + row * hs;                                                             \
                     const float *cr = cos + t * half, *sr = sin + t * half;                                        \
                     for (int64_t i = 0; i < half; i++) {                                                           \
@@ -194,7 +240,7 @@ RMS_BACKWARD(bf16, bf16)
                     const float rr = r[row];                                                                       \
                     const float c = -rr * rr * rr * (dot / (float)hs);                                             \
                     for (i = 0; i < hs; i++) STORE_##T(dr, i, u[i] * rr + LOAD_##T(xr, i) * c);                    \
-                }                                                                                                  \
+                });                                                                                                \
     }
 
 ROPE_RMS(f32)
@@ -239,9 +285,11 @@ static inline float order_float(int32_t k) {
 
 #define CAUSAL_SOFTMAX(T)                                                                                          \
     void gptforge_causal_softmax_##T(const TYPE_##T *s, TYPE_##T *probs, TYPE_##T *att, uint8_t *keep,             \
-                                     float *e, int64_t first, int64_t last, int64_t rows, int64_t cols,            \
-                                     uint64_t seed, int32_t threshold) {                                           \
-        for (int64_t row = first; row < last; row++) {                                                             \
+                                     int64_t first, int64_t last, int64_t rows, int64_t cols, uint64_t seed,       \
+                                     int32_t threshold, int32_t *failed) {                                         \
+        IN_PARTS(first, last, (last - first) * cols, 1, float *e = malloc(sizeof(float) * (size_t)cols);           \
+        if (e == NULL) { *failed = 1; lo = hi; }                                                                   \
+        for (int64_t row = lo; row < hi; row++) {                                                                 \
             const int64_t seen = cols - rows + row % rows + 1;                                                     \
             const TYPE_##T *sr = s + row * cols;                                                                   \
             TYPE_##T *pr = probs + row * cols;                                                                     \
@@ -296,11 +344,11 @@ static inline float order_float(int32_t k) {
             TYPE_##T *ar = att + row * cols;                                                                       \
             draw(kr, row * cols, cols, seed, threshold);                                                       \
             for (i = 0; i < cols; i++) STORE_##T(ar, i, LOAD_##T(pr, i) * (float)kr[i]);                          \
-        }                                                                                                          \
+        } free(e););                                                                                               \
     }                                                                                                              \
     void gptforge_causal_softmax_back_##T(const TYPE_##T *d, const uint8_t *keep, const TYPE_##T *probs,           \
                                           TYPE_##T *ds, int64_t first, int64_t last, int64_t rows, int64_t cols) { \
-        for (int64_t row = first; row < last; row++) {                                                             \
+        IN_PARTS(first, last, (last - first) * cols, 1, for (int64_t row = lo; row < hi; row++) {                  \
             const int64_t seen = cols - rows + row % rows + 1;                                                     \
             const TYPE_##T *dr = d + row * cols, *pr = probs + row * cols;                                         \
             const uint8_t *kr = keep + row * cols;                                                                 \
@@ -315,7 +363,7 @@ static inline float order_float(int32_t k) {
             for (int l = 0; l < RMS_LANES; l++) dot += acc[l];                                                     \
             for (i = 0; i < seen; i++) STORE_##T(out, i, LOAD_##T(pr, i) * (LOAD_##T(dr, i) * (float)kr[i] - dot)); \
             for (i = seen; i < cols; i++) STORE_##T(out, i, 0.0f);                                                 \
-        }                                                                                                          \
+        });                                                                                                        \
     }
 
 CAUSAL_SOFTMAX(f32)

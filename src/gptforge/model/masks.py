@@ -137,6 +137,7 @@ class Native(NamedTuple):
     rms_back: dict[tuple[torch.dtype, torch.dtype], Callable[..., None]]
     rope_rms: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # forward, backward by dtype
     softmax: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # causal softmax + dropout, likewise
+    threads: Callable[[], int]  # the threads a large kernel runs on in the calling thread (1 without OpenMP)
 
 
 # RMSNorm's compiled (input, output) dtype pairs: float32 in and out, bf16 written from float32 (a block's norm
@@ -211,15 +212,18 @@ def _load() -> tuple[Native | None, str]:
                 getattr(library, f"gptforge_causal_softmax_{name}"),
                 getattr(library, f"gptforge_causal_softmax_back_{name}"),
             )
-            forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_uint64, ctypes.c_int32]
+            forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_uint64, ctypes.c_int32]
+            forward.argtypes += [ctypes.c_void_p]  # set to 1 where a thread's row buffer could not be allocated
             backward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
             softmax[dtype] = (forward, backward)
+        threads = library.gptforge_threads
+        threads.argtypes, threads.restype = [], ctypes.c_int
     except AttributeError as e:
         return None, f"the compiled kernel could not be built or loaded ({e})"
     pairs = (*rope_rms.values(), *softmax.values())
     for function in (*rms.values(), *rms_back.values(), *(f for pair in pairs for f in pair)):
         function.restype = None
-    native = Native(keep, {torch.bfloat16: bf16, torch.float32: f32}, rms, rms_back, rope_rms, softmax)
+    native = Native(keep, {torch.bfloat16: bf16, torch.float32: f32}, rms, rms_back, rope_rms, softmax, threads)
     if not _agrees(native):
         return None, f"the compiled kernel ({path}) does not reproduce reference_keep and torch's masked products"
     if not (_rms_agrees(native) and _rope_rms_agrees(native)):
@@ -234,12 +238,26 @@ def c_compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def openmp_flags() -> tuple[str, ...]:
+    """("-fopenmp",) where this process runs torch on GNU OpenMP (libgomp is loaded): the kernels' library then
+    binds to that same runtime (the name libgomp.so.1 is taken by the library already loaded) and splits its work
+    across torch's own threads. () elsewhere: another OpenMP runtime (Intel's, LLVM's) would bring a second pool of
+    threads competing with torch's for the same cores."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return ()
+    return ("-fopenmp",) if "libgomp" in maps else ()
+
+
 def _compiled(compiler: str) -> Path:
-    """The kernel's shared library for this source, compiler and CPU (-march=native), built when missing: into a
-    temporary file, then renamed (ranks of one run may build it at once)."""
+    """The kernel's shared library for this source, compiler and CPU (-march=native) and threads (openmp_flags),
+    built when missing: into a temporary file, then renamed (ranks of one run may build it at once). A compiler
+    without -march=native or OpenMP builds the form without them."""
     source = SOURCE.read_bytes()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256(b"\0".join(x.encode() for x in (compiler, version, " ".join(FLAGS), _cpu_flags())))
+    openmp = openmp_flags()
+    key = hashlib.sha256(b"\0".join(x.encode() for x in (compiler, version, " ".join(FLAGS + openmp), _cpu_flags())))
     key.update(source)
     folder = _cache_folder()
     target = folder / f"keep_mask-{key.hexdigest()[:16]}.so"
@@ -248,7 +266,7 @@ def _compiled(compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(fd)
     try:
-        for extra in (("-march=native",), ()):  # a compiler without -march=native builds the portable form
+        for extra in dict.fromkeys((("-march=native", *openmp), ("-march=native",), openmp, ())):
             done = subprocess.run(
                 [compiler, *FLAGS, *extra, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
             )
@@ -292,7 +310,7 @@ SPECIAL = [0.0, -0.0, 1.0, -2.5, 3.0e38, -3.0e38, 1e-40, float("inf"), float("-i
 def _agrees(native: Native) -> bool:
     """The compiled kernel gives reference_keep's mask (a few words and a ragged tail, two seeds, two thresholds),
     and apply_mask's torch products bit for bit (special values kept and dropped; three scales)."""
-    for seed, threshold, n in ((0, -32768 + 13107, 4099), (2**63 - 25, 3, 1031)):
+    for seed, threshold, n in ((0, -32768 + 13107, 4099), (2**63 - 25, 3, 1031), (7, 0, 200_003)):  # 1, 1, 2+ parts
         ours, theirs = torch.empty(n, dtype=torch.bool), torch.empty(n, dtype=torch.bool)
         native.keep(ours.data_ptr(), n, seed, threshold)
         reference_keep(theirs, seed, threshold)
@@ -407,9 +425,9 @@ def _softmax_agrees(native: Native) -> bool:
         for dtype, (forward, backward) in native.softmax.items():
             s, d, tol = s64.to(dtype), d64.to(dtype), _RMS_RTOL[dtype]
             probs, att, keep = torch.empty_like(s), torch.empty_like(s), torch.empty(n, cols, dtype=torch.bool)
-            row = torch.empty(cols)  # the kernel's buffer: held here while it writes
-            forward(s.data_ptr(), probs.data_ptr(), att.data_ptr(), keep.data_ptr(), row.data_ptr(), 0, n, rows, cols,
-                    seed, threshold)  # fmt: skip
+            failed = ctypes.c_int32(0)
+            forward(s.data_ptr(), probs.data_ptr(), att.data_ptr(), keep.data_ptr(), 0, n, rows, cols, seed, threshold,
+                    ctypes.byref(failed))  # fmt: skip
             kept = torch.empty(n, cols, dtype=torch.bool)
             reference_keep(kept.view(-1), seed, threshold)
             if not (torch.equal(keep, kept) and torch.equal(att, probs * keep)):
