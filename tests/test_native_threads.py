@@ -44,6 +44,16 @@ def every_kernel(seed: int) -> list[torch.Tensor]:
         turned = layers.rotary_rms_norm(q, angles.cos(), angles.sin())  # rotary + RMSNorm
         turned.backward(torch.randn(turned.shape, generator=gen).to(dtype))
         out += [turned, q.grad]
+        if dtype == torch.float32:  # LayerNorm, float32 in, bf16 out, under autocast
+            norm = layers.LayerNorm(384)
+            with torch.no_grad():
+                norm.weight.copy_(torch.randn(384, generator=gen))
+                norm.bias.copy_(torch.randn(384, generator=gen))
+            x = torch.randn(4099, 384, generator=gen).requires_grad_()  # whole chunks of rows and a partial one
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = norm(x)
+            y.backward(torch.randn(y.shape, generator=gen).to(y.dtype))
+            out += [y, x.grad, norm.weight.grad, norm.bias.grad]
         forward, backward = masks.native_kernels().softmax[dtype]  # attention's causal softmax with dropout:
         scores = torch.randn(4, 6, 128, 256, generator=gen).to(dtype)  # a second query block's scores
         probs, att, kept = attn._causal_softmax(forward, scores, 128, 0.1)

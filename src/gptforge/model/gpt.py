@@ -18,6 +18,7 @@ from gptforge.model.head_loss import compiled_loss, head_loss, head_loss_pays
 from gptforge.model.layers import (
     Dropout,
     KVCache,
+    LayerNorm,
     RMSNorm,
     apply_rotary,
     rms_norm,
@@ -39,7 +40,7 @@ Rope = tuple[torch.Tensor, torch.Tensor]  # rotary cos and sin (T, head_size / 2
 
 
 def norm_layer(config: GPTConfig) -> nn.Module:
-    return RMSNorm() if config.rmsnorm else nn.LayerNorm(config.n_embd, bias=config.bias)
+    return RMSNorm() if config.rmsnorm else LayerNorm(config.n_embd, bias=config.bias)
 
 
 class CausalSelfAttention(nn.Module):

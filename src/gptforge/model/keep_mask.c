@@ -33,6 +33,15 @@ static inline int parts_for(int64_t work) {
 #endif
 }
 
+/* which part this thread computes (0 .. parts - 1) */
+static inline int part_index(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 /* this thread's share [*lo, *hi) of [first, last), bounds rounded to multiples of `align` (from first) */
 static inline void part_bounds(int64_t first, int64_t last, int64_t align, int64_t *lo, int64_t *hi) {
 #ifdef _OPENMP
@@ -182,6 +191,92 @@ RMS_INVERSE(bf16)
             for (i = 0; i < n; i++) STORE_##TX(dr, i, LOAD_##TG(gr, i) * rr + LOAD_##TX(xr, i) * c);            \
         });                                                                                                     \
     }
+
+/* LayerNorm over rows of n, float32 in, bf16 out: a block's norm under bf16 autocast, whose output feeds only a
+ * Linear that would round torch's float32 output to bf16 itself (model/layers.py, LayerNorm). Per row: the mean,
+ * then the variance about it (both in RMS_LANES float32 partial sums, then in order; biased, as torch's), kept
+ * with r = 1 / sqrt(var + eps) for backward; y = (x - mean) r w + b rounded once to bf16 (b may be NULL). The
+ * backward reads the bf16 gradient g of y: dx = r (gw - mean(gw) - xhat mean(gw xhat)) in float32, gw = g w,
+ * xhat = (x - mean) r, and the weight's and the bias's gradients dw = sum g xhat, db = sum g over the rows: each
+ * LN_CHUNK rows' sums in their own row of `partial` (ceil(rows / LN_CHUNK) x 2 x n floats of scratch), then the
+ * chunks' in order, so that no sum depends on the number of threads. One read
+ * of each row forward and one backward (the second pass over a row hits the core's cache), where torch's
+ * operations pass over the whole tensor, with the conversions to and from bf16 around them, four times each way. */
+#define LN_CHUNK 128
+
+void gptforge_layer_norm_f32_bf16(const float *x, const float *w, const float *b, uint16_t *y, float *mean,
+                                  float *rstd, int64_t rows, int64_t n, float eps) {
+    IN_PARTS(0, rows, rows * n, 1, for (int64_t row = lo; row < hi; row++) {
+        const float *xr = x + row * n;
+        uint16_t *yr = y + row * n;
+        float acc[RMS_LANES] = {0.0f};
+        int64_t i = 0;
+        for (; i + RMS_LANES <= n; i += RMS_LANES)
+            for (int l = 0; l < RMS_LANES; l++) acc[l] += xr[i + l];
+        for (; i < n; i++) acc[0] += xr[i];
+        float sum = 0.0f;
+        for (int l = 0; l < RMS_LANES; l++) sum += acc[l];
+        const float m = sum / (float)n;
+        float sq[RMS_LANES] = {0.0f};
+        for (i = 0; i + RMS_LANES <= n; i += RMS_LANES)
+            for (int l = 0; l < RMS_LANES; l++) sq[l] += (xr[i + l] - m) * (xr[i + l] - m);
+        for (; i < n; i++) sq[0] += (xr[i] - m) * (xr[i] - m);
+        float var = 0.0f;
+        for (int l = 0; l < RMS_LANES; l++) var += sq[l];
+        const float r = 1.0f / sqrtf(var / (float)n + eps);
+        mean[row] = m;
+        rstd[row] = r;
+        if (b != NULL)
+            for (i = 0; i < n; i++) yr[i] = float_to_bf16((xr[i] - m) * r * w[i] + b[i]);
+        else
+            for (i = 0; i < n; i++) yr[i] = float_to_bf16((xr[i] - m) * r * w[i]);
+    });
+}
+
+void gptforge_layer_norm_back_bf16_f32(const uint16_t *g, const float *x, const float *w, const float *mean,
+                                       const float *rstd, float *dx, float *dw, float *db, float *partial,
+                                       int64_t rows, int64_t n) {
+    IN_PARTS(0, rows, rows * n, LN_CHUNK, for (int64_t row = lo; row < hi; row++) {
+        float *pw = partial + row / LN_CHUNK * 2 * n, *pb = pw + n;
+        if (row % LN_CHUNK == 0)
+            for (int64_t i = 0; i < 2 * n; i++) pw[i] = 0.0f;
+        const uint16_t *gr = g + row * n;
+        const float *xr = x + row * n;
+        float *dr = dx + row * n;
+        const float m = mean[row], r = rstd[row];
+        float a[RMS_LANES] = {0.0f}, c[RMS_LANES] = {0.0f};
+        int64_t i = 0;
+        for (; i + RMS_LANES <= n; i += RMS_LANES)
+            for (int l = 0; l < RMS_LANES; l++) {
+                const float gw = bf16_to_float(gr[i + l]) * w[i + l];
+                a[l] += gw;
+                c[l] += gw * ((xr[i + l] - m) * r);
+            }
+        for (; i < n; i++) {
+            const float gw = bf16_to_float(gr[i]) * w[i];
+            a[0] += gw;
+            c[0] += gw * ((xr[i] - m) * r);
+        }
+        float sa = 0.0f, sc = 0.0f;
+        for (int l = 0; l < RMS_LANES; l++) {
+            sa += a[l];
+            sc += c[l];
+        }
+        const float ma = sa / (float)n, mc = sc / (float)n;
+        for (i = 0; i < n; i++) {
+            const float gv = bf16_to_float(gr[i]), xhat = (xr[i] - m) * r;
+            dr[i] = r * (gv * w[i] - ma - xhat * mc);
+            pw[i] += gv * xhat;
+            pb[i] += gv;
+        }
+    });
+    for (int64_t i = 0; i < n; i++) dw[i] = db[i] = 0.0f;
+    for (int64_t chunk = 0; chunk * LN_CHUNK < rows; chunk++) /* in order: the same sums on any number of threads */
+        for (int64_t i = 0; i < n; i++) {
+            dw[i] += partial[chunk * 2 * n + i];
+            db[i] += partial[chunk * 2 * n + n + i];
+        }
+}
 
 RMS_FORWARD(f32, f32)
 RMS_FORWARD(f32, bf16)

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptforge.model.masks import apply_mask, keep_mask, native_kernels
+from gptforge.model.masks import apply_mask, keep_mask, layer_norm_chunks, native_kernels
 
 
 @contextlib.contextmanager
@@ -171,6 +171,62 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
         return rms_norm(x, torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (the same parameters, names and state_dict), before a linear layer: on a CPU under bf16
+    autocast, with the compiled kernel, written straight in bf16 by keep_mask.c (LayerNormToBf16), where torch
+    computes it in float32 and the layer then rounds it to bf16 (two passes and a conversion each way); otherwise
+    torch's. The values are torch's to one bf16 rounding (the mean and variance summed in another order)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            x.device.type == "cpu"
+            and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            and x.dtype == torch.float32
+            and type(self.weight) is nn.Parameter  # not an FSDP shard (a DTensor)
+            and self.weight.dtype == torch.float32
+            and (self.bias is None or self.bias.dtype == torch.float32)
+            and self.normalized_shape == (x.size(-1),)
+            and x.numel() > 0
+            and not torch.compiler.is_compiling()
+            and native_kernels() is not None
+        ):
+            return LayerNormToBf16.apply(x, self.weight, self.bias, self.eps)
+        return super().forward(x)
+
+
+class LayerNormToBf16(torch.autograd.Function):
+    """LayerNorm of a float32 x (..., n) written in bf16 by keep_mask.c in one pass over each row, the rows' mean and
+    1 / std kept for backward, which reads each row of the bf16 gradient once more: x's gradient in float32, the
+    weight's and the bias's summed over chunks of rows, then the chunks' sums in order (the same bits on any number
+    of threads)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float):  # noqa: ANN001, ANN205
+        forward, _ = native_kernels().layer_norm
+        x = x.contiguous()
+        n = x.size(-1)
+        rows = x.numel() // n
+        y, mean, rstd = torch.empty(x.shape, dtype=torch.bfloat16), torch.empty(rows), torch.empty(rows)
+        forward(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+                mean.data_ptr(), rstd.data_ptr(), rows, n, eps)  # fmt: skip
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+        x, weight, mean, rstd = ctx.saved_tensors
+        n = x.size(-1)
+        _, backward = native_kernels().layer_norm
+        grad = grad.contiguous()  # bf16: autograd gives an output's gradient in the output's dtype
+        dx, dw, db = torch.empty(x.shape), torch.empty(n), torch.empty(n)
+        partial = torch.empty(layer_norm_chunks(mean.numel()), 2, n)  # the kernel's scratch
+        backward(grad.data_ptr(), x.data_ptr(), weight.data_ptr(), mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
+                 dw.data_ptr(), db.data_ptr(), partial.data_ptr(), mean.numel(), n)  # fmt: skip
+        return dx, dw, db if ctx.has_bias else None, None
 
 
 def rotary_angles(positions: torch.Tensor, head_size: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:

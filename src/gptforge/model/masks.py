@@ -138,6 +138,7 @@ class Native(NamedTuple):
     rope_rms: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # forward, backward by dtype
     softmax: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # causal softmax + dropout, likewise
     threads: Callable[[], int]  # the threads a large kernel runs on in the calling thread (1 without OpenMP)
+    layer_norm: tuple[Callable[..., None], Callable[..., None]]  # float32 -> bf16 LayerNorm, its backward
 
 
 # RMSNorm's compiled (input, output) dtype pairs: float32 in and out, bf16 written from float32 (a block's norm
@@ -218,18 +219,25 @@ def _load() -> tuple[Native | None, str]:
             softmax[dtype] = (forward, backward)
         threads = library.gptforge_threads
         threads.argtypes, threads.restype = [], ctypes.c_int
+        layer_norm = (library.gptforge_layer_norm_f32_bf16, library.gptforge_layer_norm_back_bf16_f32)
+        layer_norm[0].argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+        layer_norm[1].argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2
     except AttributeError as e:
         return None, f"the compiled kernel could not be built or loaded ({e})"
-    pairs = (*rope_rms.values(), *softmax.values())
+    pairs = (*rope_rms.values(), *softmax.values(), layer_norm)
     for function in (*rms.values(), *rms_back.values(), *(f for pair in pairs for f in pair)):
         function.restype = None
-    native = Native(keep, {torch.bfloat16: bf16, torch.float32: f32}, rms, rms_back, rope_rms, softmax, threads)
+    native = Native(
+        keep, {torch.bfloat16: bf16, torch.float32: f32}, rms, rms_back, rope_rms, softmax, threads, layer_norm
+    )
     if not _agrees(native):
         return None, f"the compiled kernel ({path}) does not reproduce reference_keep and torch's masked products"
     if not (_rms_agrees(native) and _rope_rms_agrees(native)):
         return None, f"the compiled kernel's RMSNorm ({path}) does not agree with float64's"
     if not _softmax_agrees(native):
         return None, f"the compiled kernel's causal softmax ({path}) does not agree with float64's and keep_mask's"
+    if not _layer_norm_agrees(native):
+        return None, f"the compiled kernel's LayerNorm ({path}) does not agree with float64's"
     return native, ""
 
 
@@ -438,6 +446,51 @@ def _softmax_agrees(native: Native) -> bool:
             backward(d.data_ptr(), keep.data_ptr(), probs.data_ptr(), ds.data_ptr(), 0, n, rows, cols)
             p, dd = probs.double(), d.double() * kept
             if not torch.allclose(ds.double(), p * (dd - (p * dd).sum(-1, keepdim=True)), rtol=tol, atol=tol):
+                return False
+    return True
+
+
+LN_CHUNK = 128  # keep_mask.c's LayerNorm backward sums the weight's gradient over chunks of this many rows
+
+
+def layer_norm_chunks(rows: int) -> int:
+    """The chunks of rows keep_mask.c's LayerNorm backward needs scratch for (2 x n floats each)."""
+    return (rows + LN_CHUNK - 1) // LN_CHUNK
+
+
+def layer_norm_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """LayerNorm over the last dimension in float64 (biased variance, as torch's)."""
+    x = x.double()
+    y = (x - x.mean(-1, keepdim=True)) * (x.var(-1, unbiased=False, keepdim=True) + eps).rsqrt() * w.double()
+    return y if b is None else y + b.double()
+
+
+def _layer_norm_agrees(native: Native) -> bool:
+    """The compiled LayerNorm (float32 in, bf16 out) and its backward (a bf16 gradient) on rows of 64 and 383 (whole
+    and partial lanes), with and without a bias: y within one bf16 rounding of float64's, x's, the weight's and the
+    bias's gradients within float32 rounding of float64's from the same bf16 gradient."""
+    gen, eps = torch.Generator().manual_seed(8), 1e-5
+    forward, backward = native.layer_norm
+    for n, bias in ((64, True), (383, False)):
+        x = (torch.randn(5, n, dtype=torch.float64, generator=gen) * 3 + 1).float()
+        w = torch.randn(n, dtype=torch.float64, generator=gen).float()
+        b = torch.randn(n, dtype=torch.float64, generator=gen).float() if bias else None
+        g = torch.randn(5, n, dtype=torch.float64, generator=gen).to(torch.bfloat16)
+        y, mean, rstd = torch.empty(5, n, dtype=torch.bfloat16), torch.empty(5), torch.empty(5)
+        forward(x.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), mean.data_ptr(),
+                rstd.data_ptr(), 5, n, eps)  # fmt: skip
+        x64 = x.double().requires_grad_()
+        w64, b64 = w.double().requires_grad_(), None if b is None else b.double().requires_grad_()
+        want = layer_norm_reference(x64, w64, b64, eps)
+        if not torch.allclose(y.double(), want, rtol=2**-7, atol=2**-7):
+            return False
+        dx, dw, db, partial = torch.empty(5, n), torch.empty(n), torch.empty(n), torch.empty(layer_norm_chunks(5), 2, n)
+        backward(g.data_ptr(), x.data_ptr(), w.data_ptr(), mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
+                 dw.data_ptr(), db.data_ptr(), partial.data_ptr(), 5, n)  # fmt: skip
+        want.backward(g.double())
+        got = (dx, dw, db) if b is not None else (dx, dw)
+        for mine, theirs in zip(got, (x64.grad, w64.grad, None if b64 is None else b64.grad), strict=False):
+            if not torch.allclose(mine.double(), theirs, rtol=1e-4, atol=1e-4 * theirs.abs().max().item()):
                 return False
     return True
 
