@@ -77,3 +77,13 @@ def test_the_kernels_split_across_torchs_threads_with_the_same_bits(threads):
     assert len(libgomps()) == 1
     for a, b in zip(one, three, strict=True):
         assert masks.same_bits(a, b) if a.is_floating_point() else torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_the_kernels_load_and_pass_their_checks_without_autograd(mode):
+    """The first use may come inside an evaluation (no_grad) or generation (inference_mode): the load-time checks
+    compute their float64 gradients by formula, so the kernels load there too."""
+    context = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+    with context:
+        native, why = masks._load()
+    assert native is not None and why == ""
