@@ -20,6 +20,7 @@ from gptforge.model.layers import (
     KVCache,
     LayerNorm,
     RMSNorm,
+    add_dropped,
     apply_rotary,
     rms_norm,
     rotary_angles,
@@ -63,10 +64,12 @@ class CausalSelfAttention(nn.Module):
         layer: int = 0,
         rope: Rope | None = None,
         mask: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """rope: the rotary (cos, sin) of these positions, computed once per forward by GPT.hidden_states. mask: a
         bool mask broadcastable to (B, nh, T, keys), True where a query may attend (the caller's whole rule: causal,
-        documents, padding); None: causal, after any cached tokens."""
+        documents, padding); None: causal, after any cached tokens. residual: returns residual + the output, the
+        sum taken with the dropout (layers.add_dropped)."""
         B, T, C = x.size()
         qkv = self.c_attn(x)  # (B, T, 3 C): q, k, v side by side
         p = self.dropout if self.training else 0.0
@@ -103,6 +106,8 @@ class CausalSelfAttention(nn.Module):
             is_causal = True if causal and T > 1 else False  # noqa: SIM210
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=is_causal, **masked)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
+        if residual is not None:
+            return add_dropped(self.resid_dropout, residual, self.c_proj(y))
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -139,8 +144,10 @@ class MLP(nn.Module):
         self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """residual: returns residual + the output, the sum taken with the dropout (layers.add_dropped)."""
+        out = self.c_proj(self.gelu(self.c_fc(x)))
+        return self.dropout(out) if residual is None else add_dropped(self.dropout, residual, out)
 
 
 class Block(nn.Module):
@@ -161,8 +168,8 @@ class Block(nn.Module):
         rope: Rope | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache, layer, rope, mask)
-        return x + self.mlp(self.ln_2(x))
+        x = self.attn(self.ln_1(x), cache, layer, rope, mask, residual=x)  # x + attn(ln_1(x))
+        return self.mlp(self.ln_2(x), residual=x)  # x + mlp(ln_2(x))
 
 
 class GPT(nn.Module):

@@ -124,6 +124,31 @@ void gptforge_masked_f32(const float *x, const uint8_t *restrict keep, float *ou
     IN_PARTS(0, n, n, 64, for (int64_t i = lo; i < hi; i++) out[i] = x[i] * (float)keep[i] * scale;);
 }
 
+/* A residual connection with dropout on its branch, x + dropout(y) (x float32, y bf16 or float32): the mask of
+ * `seed` drawn as gptforge_keep_mask draws it (elements [0, n): the same mask as keep_mask's), y's masked value
+ * rounded as gptforge_masked_* round it, then added to x in float32: the bits of torch's x + apply_mask(y, keep,
+ * scale) in one pass instead of two. Its backward for y, from the float32 gradient g of the sum: g rounded to y's
+ * type (torch's conversion, before the mask's gradient), then masked and scaled as gptforge_masked_*; x's gradient
+ * is g itself. */
+#define RESIDUAL_DROPOUT(T)                                                                                        \
+    void gptforge_residual_dropout_##T(const float *x, const TYPE_##T *y, uint8_t *keep, float *out, int64_t n,    \
+                                       uint64_t seed, int32_t threshold, float scale) {                           \
+        IN_PARTS(0, n, n, 64, draw(keep + lo, lo, hi - lo, seed, threshold);                                       \
+                 for (int64_t i = lo; i < hi; i++) {                                                               \
+                     TYPE_##T masked[1];                                                                           \
+                     STORE_##T(masked, 0, LOAD_##T(y, i) * (float)keep[i] * scale);                                \
+                     out[i] = x[i] + LOAD_##T(masked, 0);                                                          \
+                 });                                                                                               \
+    }                                                                                                              \
+    void gptforge_residual_dropout_back_##T(const float *g, const uint8_t *keep, TYPE_##T *dy, int64_t n,          \
+                                            float scale) {                                                         \
+        IN_PARTS(0, n, n, 64, for (int64_t i = lo; i < hi; i++) {                                                  \
+            TYPE_##T rounded[1];                                                                                   \
+            STORE_##T(rounded, 0, g[i]);                                                                           \
+            STORE_##T(dy, i, LOAD_##T(rounded, 0) * (float)keep[i] * scale);                                       \
+        });                                                                                                        \
+    }
+
 /* RMSNorm over rows of n: y = x r with r = 1 / sqrt(mean(x^2) + eps) per row (kept for backward), and its gradient
  * dx = g r + x c with c = -r^3 mean(g x). Each row is read once from memory (the second read hits the core's
  * cache), where torch's operations pass over the whole tensor four times forward and six backward. Sums are taken
@@ -277,6 +302,9 @@ void gptforge_layer_norm_back_bf16_f32(const uint16_t *g, const float *x, const 
             db[i] += partial[chunk * 2 * n + n + i];
         }
 }
+
+RESIDUAL_DROPOUT(f32)
+RESIDUAL_DROPOUT(bf16)
 
 RMS_FORWARD(f32, f32)
 RMS_FORWARD(f32, bf16)

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from gptforge.model import masks
 from gptforge.model.masks import apply_mask, keep_mask, layer_norm_chunks, native_kernels
 
 
@@ -95,6 +96,56 @@ class Dropout(nn.Dropout):
         if torch.compiler.is_compiling():  # inductor fuses the select itself
             return torch.where(keep, x, 0.0).mul_(1.0 / (1.0 - self.p))
         return MaskedScale.apply(x, keep, 1.0 / (1.0 - self.p))
+
+    def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x + self(y): a residual connection with dropout on its branch. With fast_dropout in training on a CPU
+        (x float32, y float32 or bf16, the compiled kernel), one pass forward and one back by keep_mask.c
+        (ResidualDropout): the same mask and the same bits as the sum of this module's output, in half the passes
+        over memory; otherwise that sum."""
+        if (
+            self.fast_dropout
+            and self.training
+            and 0.0 < self.p < 1.0
+            and x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and y.dtype in (torch.float32, torch.bfloat16)
+            and x.shape == y.shape
+            and not torch.compiler.is_compiling()
+            and native_kernels() is not None
+        ):
+            return ResidualDropout.apply(x, y, self.p)
+        return x + self(y)
+
+
+def add_dropped(dropout: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + dropout(y): Dropout.add_to for gptforge's Dropout, the plain sum for any other module (nn.Dropout)."""
+    return dropout.add_to(x, y) if isinstance(dropout, Dropout) else x + dropout(y)
+
+
+class ResidualDropout(torch.autograd.Function):
+    """x + dropout(y) by keep_mask.c (Dropout.add_to): keep_mask's mask from a seed drawn as it draws it, y's
+    masked values rounded to y's dtype as MaskedScale rounds them, added in float32; backward: x's gradient is the
+    sum's, y's the sum's rounded to y's dtype (autograd's conversion), then masked and scaled. Keeps the mask."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, y: torch.Tensor, p: float) -> torch.Tensor:  # noqa: ANN001
+        forward, _ = native_kernels().residual[y.dtype]
+        x, y = x.contiguous(), y.contiguous()
+        keep, out = torch.empty(x.shape, dtype=torch.bool), torch.empty_like(x)
+        forward(x.data_ptr(), y.data_ptr(), keep.data_ptr(), out.data_ptr(), x.numel(), masks.mask_seed(),
+                masks.keep_threshold(p), 1.0 / (1.0 - p))  # fmt: skip
+        ctx.save_for_backward(keep)
+        ctx.p, ctx.y_dtype = p, y.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # noqa: ANN001
+        (keep,) = ctx.saved_tensors
+        _, backward = native_kernels().residual[ctx.y_dtype]
+        grad = grad.contiguous()
+        dy = torch.empty(grad.shape, dtype=ctx.y_dtype)
+        backward(grad.data_ptr(), keep.data_ptr(), dy.data_ptr(), grad.numel(), 1.0 / (1.0 - ctx.p))
+        return grad, dy, None
 
 
 RMS_EPS = 1e-6  # Hugging Face's NanoChat

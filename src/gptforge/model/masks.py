@@ -139,6 +139,7 @@ class Native(NamedTuple):
     softmax: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # causal softmax + dropout, likewise
     threads: Callable[[], int]  # the threads a large kernel runs on in the calling thread (1 without OpenMP)
     layer_norm: tuple[Callable[..., None], Callable[..., None]]  # float32 -> bf16 LayerNorm, its backward
+    residual: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # x + dropout(y) by y's dtype
 
 
 # RMSNorm's compiled (input, output) dtype pairs: float32 in and out, bf16 written from float32 (a block's norm
@@ -222,15 +223,32 @@ def _load() -> tuple[Native | None, str]:
         layer_norm = (library.gptforge_layer_norm_f32_bf16, library.gptforge_layer_norm_back_bf16_f32)
         layer_norm[0].argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_float]
         layer_norm[1].argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2
+        residual = {}
+        for dtype, name in _C_NAMES.items():
+            forward, backward = (
+                getattr(library, f"gptforge_residual_dropout_{name}"),
+                getattr(library, f"gptforge_residual_dropout_back_{name}"),
+            )
+            forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float]
+            backward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float]
+            residual[dtype] = (forward, backward)
     except AttributeError as e:
         return None, f"the compiled kernel could not be built or loaded ({e})"
-    pairs = (*rope_rms.values(), *softmax.values(), layer_norm)
+    pairs = (*rope_rms.values(), *softmax.values(), layer_norm, *residual.values())
     for function in (*rms.values(), *rms_back.values(), *(f for pair in pairs for f in pair)):
         function.restype = None
     native = Native(
-        keep, {torch.bfloat16: bf16, torch.float32: f32}, rms, rms_back, rope_rms, softmax, threads, layer_norm
+        keep,
+        {torch.bfloat16: bf16, torch.float32: f32},
+        rms,
+        rms_back,
+        rope_rms,
+        softmax,
+        threads,
+        layer_norm,
+        residual,
     )
-    if not _agrees(native):
+    if not (_agrees(native) and _residual_agrees(native)):
         return None, f"the compiled kernel ({path}) does not reproduce reference_keep and torch's masked products"
     if not (_rms_agrees(native) and _rope_rms_agrees(native)):
         return None, f"the compiled kernel's RMSNorm ({path}) does not agree with float64's"
@@ -333,6 +351,28 @@ def _agrees(native: Native) -> bool:
             function(x.data_ptr(), keep.data_ptr(), ours.data_ptr(), x.numel(), scale)
             if not same_bits(ours, _torch_masked(x, keep, scale)):
                 return False
+    return True
+
+
+def _residual_agrees(native: Native) -> bool:
+    """x + dropout(y) and its gradient for y give torch's bits: x + apply_mask(y, mask), and apply_mask of the float32
+    gradient rounded to y's dtype, with reference_keep's mask (special values in y and in the gradient)."""
+    n, seed, threshold, scale = 1041, 12345, keep_threshold(0.2), 1.0 / 0.8
+    values = torch.cat(
+        [torch.tensor(SPECIAL * 2), torch.randn(n - 2 * len(SPECIAL), generator=torch.Generator().manual_seed(9))]
+    )
+    x = torch.randn(n, generator=torch.Generator().manual_seed(10))
+    kept = torch.empty(n, dtype=torch.bool)
+    reference_keep(kept, seed, threshold)
+    for dtype, (forward, backward) in native.residual.items():
+        y, keep, out = values.to(dtype), torch.empty(n, dtype=torch.bool), torch.empty(n)
+        forward(x.data_ptr(), y.data_ptr(), keep.data_ptr(), out.data_ptr(), n, seed, threshold, scale)
+        if not (torch.equal(keep, kept) and same_bits(out, x + _torch_masked(y, kept, scale))):
+            return False
+        dy = torch.empty(n, dtype=dtype)
+        backward(values.data_ptr(), kept.data_ptr(), dy.data_ptr(), n, scale)
+        if not same_bits(dy, _torch_masked(values.to(dtype), kept, scale)):
+            return False
     return True
 
 
