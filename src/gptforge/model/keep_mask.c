@@ -1,7 +1,8 @@
-/* gptforge's compiled CPU kernels: dropout masks and their application (model/masks.py), RMSNorm forward and
- * backward in one pass over each row (model/layers.py), and attention's causal softmax with dropout
- * (model/attention.py); model/masks.py compiles this file on first use and checks every function against torch's
- * masks or float64 before using it.
+/* gptforge's compiled CPU kernels: dropout masks and their application (model/masks.py), a residual connection
+ * with dropout, RMSNorm (alone and after rotary) and LayerNorm into bf16, forward and backward in one pass over
+ * each row (model/layers.py), and attention's causal softmax with dropout (model/attention.py); model/masks.py
+ * compiles this file on first use and checks every function against torch's masks, torch's bits or float64 before
+ * using it.
  *
  * Dropout masks: keep[i] is lane i % 4 (16 bits, little-endian order) of word i / 4, read as a signed
  * 16-bit integer, compared with `threshold`; word j is SplitMix64's output for the state seed + (j + 1) * golden.

@@ -10,8 +10,11 @@ compiler is found (slower; the same masks). torch's own bernoulli and random_ dr
 (17-25% of a CPU step with dropout 0.2); the kernel is ~20x faster than the 8 parallel torch streams it replaced
 (docs/PERFORMANCE.md). On other devices the 16-bit values come from the device's own generator. The same file
 applies a mask to bf16 and float32 tensors in one pass, checked bit for bit against torch's products, and holds
-RMSNorm's forward and backward, alone and after rotary, for layers.py, and the causal softmax with dropout of
-attention's query blocks for attention.py (`native_kernels`; checked against float64 and reference_keep at load).
+a residual connection with dropout (x + dropout(y), the same bits), RMSNorm's forward and backward, alone and
+after rotary, and LayerNorm into bf16 for layers.py, and the causal softmax with dropout of attention's query
+blocks for attention.py (`native_kernels`; checked against float64, torch's bits and reference_keep at load). Where
+torch runs on GNU OpenMP the file is built with -fopenmp (`openmp_flags`) and its kernels split their work across
+torch's own threads.
 """
 
 from __future__ import annotations
