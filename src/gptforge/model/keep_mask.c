@@ -34,15 +34,6 @@ static inline int parts_for(int64_t work) {
 #endif
 }
 
-/* which part this thread computes (0 .. parts - 1) */
-static inline int part_index(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
 /* this thread's share [*lo, *hi) of [first, last), bounds rounded to multiples of `align` (from first) */
 static inline void part_bounds(int64_t first, int64_t last, int64_t align, int64_t *lo, int64_t *hi) {
 #ifdef _OPENMP
@@ -118,7 +109,8 @@ static inline uint16_t float_to_bf16(float f) {
 }
 
 void gptforge_masked_bf16(const uint16_t *x, const uint8_t *restrict keep, uint16_t *out, int64_t n, float scale) {
-    IN_PARTS(0, n, n, 64, for (int64_t i = lo; i < hi; i++) out[i] = float_to_bf16(bf16_to_float(x[i]) * (float)keep[i] * scale););
+    IN_PARTS(0, n, n, 64,
+             for (int64_t i = lo; i < hi; i++) out[i] = float_to_bf16(bf16_to_float(x[i]) * (float)keep[i] * scale););
 }
 
 void gptforge_masked_f32(const float *x, const uint8_t *restrict keep, float *out, int64_t n, float scale) {
@@ -135,19 +127,13 @@ void gptforge_masked_f32(const float *x, const uint8_t *restrict keep, float *ou
     void gptforge_residual_dropout_##T(const float *x, const TYPE_##T *y, uint8_t *keep, float *out, int64_t n,    \
                                        uint64_t seed, int32_t threshold, float scale) {                           \
         IN_PARTS(0, n, n, 64, draw(keep + lo, lo, hi - lo, seed, threshold);                                       \
-                 for (int64_t i = lo; i < hi; i++) {                                                               \
-                     TYPE_##T masked[1];                                                                           \
-                     STORE_##T(masked, 0, LOAD_##T(y, i) * (float)keep[i] * scale);                                \
-                     out[i] = x[i] + LOAD_##T(masked, 0);                                                          \
-                 });                                                                                               \
+                 for (int64_t i = lo; i < hi; i++)                                                                 \
+                     out[i] = x[i] + ROUND_##T(LOAD_##T(y, i) * (float)keep[i] * scale););                         \
     }                                                                                                              \
     void gptforge_residual_dropout_back_##T(const float *g, const uint8_t *keep, TYPE_##T *dy, int64_t n,          \
                                             float scale) {                                                         \
-        IN_PARTS(0, n, n, 64, for (int64_t i = lo; i < hi; i++) {                                                  \
-            TYPE_##T rounded[1];                                                                                   \
-            STORE_##T(rounded, 0, g[i]);                                                                           \
-            STORE_##T(dy, i, LOAD_##T(rounded, 0) * (float)keep[i] * scale);                                       \
-        });                                                                                                        \
+        IN_PARTS(0, n, n, 64,                                                                                      \
+                 for (int64_t i = lo; i < hi; i++) STORE_##T(dy, i, ROUND_##T(g[i]) * (float)keep[i] * scale););    \
     }
 
 /* RMSNorm over rows of n: y = x r with r = 1 / sqrt(mean(x^2) + eps) per row (kept for backward), and its gradient
@@ -164,6 +150,8 @@ void gptforge_masked_f32(const float *x, const uint8_t *restrict keep, float *ou
 #define STORE_bf16(p, i, v) ((p)[i] = float_to_bf16(v))
 #define TYPE_f32 float
 #define TYPE_bf16 uint16_t
+#define ROUND_f32(v) (v) /* a float32 value rounded to the type, as a float */
+#define ROUND_bf16(v) bf16_to_float(float_to_bf16(v))
 
 /* 1 / sqrt(mean(x^2) + eps) of a row of n: the squares summed in RMS_LANES float32 partial sums, then in order */
 #define RMS_INVERSE(T)                                                                                          \
@@ -225,9 +213,9 @@ RMS_INVERSE(bf16)
  * backward reads the bf16 gradient g of y: dx = r (gw - mean(gw) - xhat mean(gw xhat)) in float32, gw = g w,
  * xhat = (x - mean) r, and the weight's and the bias's gradients dw = sum g xhat, db = sum g over the rows: each
  * LN_CHUNK rows' sums in their own row of `partial` (ceil(rows / LN_CHUNK) x 2 x n floats of scratch), then the
- * chunks' in order, so that no sum depends on the number of threads. One read
- * of each row forward and one backward (the second pass over a row hits the core's cache), where torch's
- * operations pass over the whole tensor, with the conversions to and from bf16 around them, four times each way. */
+ * chunks' in order, so that no sum depends on the number of threads. One read of each row forward and one
+ * backward (the second pass over a row hits the core's cache), where torch's operations pass over the whole
+ * tensor, with the conversions to and from bf16 around them, four times each way. */
 #define LN_CHUNK 128
 
 void gptforge_layer_norm_f32_bf16(const float *x, const float *w, const float *b, uint16_t *y, float *mean,

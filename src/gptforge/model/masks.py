@@ -481,7 +481,7 @@ def _softmax_agrees(native: Native) -> bool:
                     ctypes.byref(failed))  # fmt: skip
             kept = torch.empty(n, cols, dtype=torch.bool)
             reference_keep(kept.view(-1), seed, threshold)
-            if not (torch.equal(keep, kept) and torch.equal(att, probs * keep)):
+            if failed.value or not (torch.equal(keep, kept) and torch.equal(att, probs * keep)):
                 return False
             if not torch.allclose(probs.double(), causal_softmax_reference(s, rows), rtol=tol, atol=tol):
                 return False
