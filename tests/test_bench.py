@@ -48,6 +48,10 @@ def test_bench_json_contract_and_consistent_figures(tmp_path):
     assert out["speedup"] == pytest.approx(out["default"]["tokens_per_s"] / out["baseline"]["tokens_per_s"])
     peaks = out["device"]["matmul_ceiling_flops"]
     assert out["device"]["peak_flops"] == out["default"]["peak_flops"] and peaks["float32"] > 1e9
+    # the ceilings: sampled after each of the 2 rounds, the best sample counts
+    samples = out["device"]["matmul_ceiling_samples"]
+    assert {k: len(v) for k, v in samples.items()} == {"float32": 2, "bfloat16": 2}
+    assert peaks == {k: max(v) for k, v in samples.items()}
     g = out["generation"]
     assert g["cached"]["tokens_per_s"] > 0 and g["uncached"]["tokens_per_s"] > 0
     assert g["cache_speedup"] == pytest.approx(g["cached"]["tokens_per_s"] / g["uncached"]["tokens_per_s"])
@@ -68,6 +72,7 @@ def test_bench_without_compare_and_with_given_peak(tmp_path):
 def test_bench_table_and_errors(tmp_path):
     r = run_cli("bench", *TINY, "--iters=1", "--warmup=0", "--rounds=1", cwd=tmp_path)
     assert r.returncode == 0 and "ms/iter" in r.stdout and "tok/s" in r.stdout
+    assert "GFLOP/s (the best of 1 measured between the rounds: float32 " in r.stdout
     r = run_cli("bench", *TINY, "--iters=many", cwd=tmp_path)
     assert r.returncode == 2 and "argument --iters: invalid int value: 'many'" in r.stderr
     r = run_cli("bench", "--help")
