@@ -465,12 +465,12 @@ def causal_softmax_reference(s: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _softmax_agrees(native: Native) -> bool:
-    """The compiled causal softmax with dropout, forward and backward, on two blocks of 3 queries over 8 and over 7
-    keys (a mask's words whole, and split across rows): the probabilities and the gradient within float32 rounding
-    (float32) or one bf16 rounding (bf16) of float64's, the mask reference_keep's bit for bit, att the kept
-    probabilities exactly."""
+    """The compiled causal softmax with dropout, forward and backward, on two blocks of 3 queries over 8, 7 and 64
+    keys (a mask's words whole, split across rows, and the width of the AVX-512 rows): the probabilities and the
+    gradient within float32 rounding (float32) or one bf16 rounding (bf16) of float64's, the mask reference_keep's
+    bit for bit, att the kept probabilities exactly."""
     gen, rows, n, seed, threshold = torch.Generator().manual_seed(6), 3, 6, 2**63 - 99, 13107 - 32768
-    for cols in (8, 7):
+    for cols in (8, 7, 64):
         s64 = torch.randn(n, cols, dtype=torch.float64, generator=gen) * 4
         d64 = torch.randn(n, cols, dtype=torch.float64, generator=gen)
         for dtype, (forward, backward) in native.softmax.items():

@@ -1,0 +1,78 @@
+"""keep_mask.c's AVX-512 rows (attention's bf16 causal softmax with dropout, forward and backward) give the bits of
+its portable loops: the library built with -march=native and with -march=native -mno-avx512f, the same inputs, the
+same outputs bit for bit, NaN, infinities, fully dropped and fully kept rows included."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptforge.model import masks
+
+AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/cpuinfo").exists() or not AVX512 <= cpu_flags() or masks.c_compiler() is None,
+    reason="no AVX-512 (F, BW, VL, DQ) or no C compiler here: the portable loops are the only ones built",
+)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ctypes.CDLL]:
+    masks.native_kernels()  # torch's OpenMP runtime is loaded: the libraries bind to it, as gptforge's own does
+    folder = tmp_path_factory.mktemp("builds")
+    libraries = {}
+    for name, extra in (("avx512", ()), ("portable", ("-mno-avx512f",))):
+        path = folder / f"{name}.so"
+        command = [masks.c_compiler(), *masks.FLAGS, "-march=native", *extra, *masks.openmp_flags()]
+        subprocess.run([*command, "-o", str(path), str(masks.SOURCE)], check=True, capture_output=True, timeout=300)
+        libraries[name] = ctypes.CDLL(str(path))
+    return libraries
+
+
+def test_the_fast_rows_are_built_with_avx512_only(builds: dict[str, ctypes.CDLL]) -> None:
+    assert builds["avx512"].gptforge_fast_rows() == 1
+    assert builds["portable"].gptforge_fast_rows() == 0
+
+
+def softmax_both_ways(library: ctypes.CDLL, s: torch.Tensor, d: torch.Tensor, rows: int, p: float) -> list:
+    forward, backward = library.gptforge_causal_softmax_bf16, library.gptforge_causal_softmax_back_bf16
+    v, i64 = ctypes.c_void_p, ctypes.c_int64
+    forward.argtypes = [v] * 4 + [i64] * 4 + [ctypes.c_uint64, ctypes.c_int32, v]
+    backward.argtypes = [v] * 4 + [i64] * 4
+    n, cols = s.numel() // s.size(-1), s.size(-1)
+    probs, att, ds = torch.empty_like(s), torch.empty_like(s), torch.empty_like(s)
+    keep, failed = torch.empty(s.shape, dtype=torch.bool), ctypes.c_int32(0)
+    forward(s.data_ptr(), probs.data_ptr(), att.data_ptr(), keep.data_ptr(), 0, n, rows, cols, 2**63 - 99,
+            masks.keep_threshold(p), ctypes.byref(failed))  # fmt: skip
+    backward(d.data_ptr(), keep.data_ptr(), probs.data_ptr(), ds.data_ptr(), 0, n, rows, cols)
+    assert failed.value == 0
+    return [probs.view(torch.int16), att.view(torch.int16), keep, ds.view(torch.int16)]
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(128, 256), (128, 128), (3, 64), (5, 32), (40, 96), (3, 8), (4, 40)])
+@pytest.mark.parametrize("p", [0.0, 0.2, 1.0])
+def test_causal_softmax_rows_give_the_portable_bits(builds: dict[str, ctypes.CDLL], rows: int, cols: int, p: float):
+    gen = torch.Generator().manual_seed(rows * cols)
+    s = (torch.randn(7, rows, cols, generator=gen) * 3).bfloat16()
+    d = torch.randn(7, rows, cols, generator=gen).bfloat16()
+    s[0, 0, 0], s[2, -1, 1] = float("nan"), float("inf")  # a NaN row, an infinite score
+    s[1, -1, :] = float("-inf")  # a row of -inf scores: NaN probabilities, as torch's softmax gives
+    d[3, -1, :3], d[4] = float("nan"), -d[4].abs()  # NaN gradients; negative ones (signed zeros where dropped)
+    fast, portable = (softmax_both_ways(builds[name], s, d, rows, p) for name in ("avx512", "portable"))
+    for name, a, b in zip(("probs", "att", "keep", "ds"), fast, portable):
+        assert torch.equal(a, b), f"{name} differs at rows={rows} cols={cols} p={p}"
+    if p == 0.2 and cols % 32 == 0:  # the rows took the AVX-512 path and drew a real mask
+        assert 0.7 < fast[2].float().mean() < 0.9
