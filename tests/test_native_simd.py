@@ -72,7 +72,7 @@ def test_causal_softmax_rows_give_the_portable_bits(builds: dict[str, ctypes.CDL
     s[1, -1, :] = float("-inf")  # a row of -inf scores: NaN probabilities, as torch's softmax gives
     d[3, -1, :3], d[4] = float("nan"), -d[4].abs()  # NaN gradients; negative ones (signed zeros where dropped)
     fast, portable = (softmax_both_ways(builds[name], s, d, rows, p) for name in ("avx512", "portable"))
-    for name, a, b in zip(("probs", "att", "keep", "ds"), fast, portable):
+    for name, a, b in zip(("probs", "att", "keep", "ds"), fast, portable, strict=True):
         assert torch.equal(a, b), f"{name} differs at rows={rows} cols={cols} p={p}"
     if p == 0.2 and cols % 32 == 0:  # the rows took the AVX-512 path and drew a real mask
         assert 0.7 < fast[2].float().mean() < 0.9
