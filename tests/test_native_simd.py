@@ -1,6 +1,7 @@
-"""keep_mask.c's AVX-512 rows (attention's bf16 causal softmax with dropout, forward and backward) give the bits of
-its portable loops: the library built with -march=native and with -march=native -mno-avx512f, the same inputs, the
-same outputs bit for bit, NaN, infinities, fully dropped and fully kept rows included."""
+"""keep_mask.c's AVX-512 paths (attention's bf16 causal softmax with dropout, forward and backward; the bf16
+residual dropout) give the bits of its portable loops: the library built with -march=native and with -march=native
+-mno-avx512f, the same inputs, the same outputs bit for bit, NaN, infinities, fully dropped and fully kept rows
+included."""
 
 from __future__ import annotations
 
@@ -76,3 +77,25 @@ def test_causal_softmax_rows_give_the_portable_bits(builds: dict[str, ctypes.CDL
         assert torch.equal(a, b), f"{name} differs at rows={rows} cols={cols} p={p}"
     if p == 0.2 and cols % 32 == 0:  # the rows took the AVX-512 path and drew a real mask
         assert 0.7 < fast[2].float().mean() < 0.9
+
+
+@pytest.mark.parametrize("n", [16384 * 384, 1000, 97])  # parts of whole 32-element chunks, and tails
+@pytest.mark.parametrize("p", [0.0, 0.2, 1.0])
+def test_residual_dropout_gives_the_portable_bits(builds: dict[str, ctypes.CDLL], n: int, p: float):
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=gen)
+    y = (torch.randn(n, generator=gen) * 3).bfloat16()
+    x[:5] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0])
+    y[5:10] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 3.3895e38]).bfloat16()  # rounds up
+    outputs = []
+    for name in ("avx512", "portable"):
+        forward = builds[name].gptforge_residual_dropout_bf16
+        forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float]
+        keep, out = torch.empty(n, dtype=torch.bool), torch.empty(n)
+        forward(x.data_ptr(), y.data_ptr(), keep.data_ptr(), out.data_ptr(), n, 2**63 - 7, masks.keep_threshold(p),
+                1.0 / (1.0 - p) if p < 1.0 else 0.0)  # fmt: skip
+        outputs.append((keep, out.view(torch.int32)))
+    (keep, out), (portable_keep, portable_out) = outputs
+    assert torch.equal(keep, portable_keep) and torch.equal(out, portable_out)
+    if p == 0.2 and n > 1000:
+        assert 0.79 < keep.float().mean() < 0.81
