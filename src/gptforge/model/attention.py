@@ -180,7 +180,9 @@ class CausalBlocks(torch.autograd.Function):
     (baddbmm). The scalings ride on the products (their alpha, applied to the float accumulators before rounding):
     `scale` (1 / sqrt(hs)) on the scores and on dq, dk, 1 / (1 - p) on the output and on the gradient's products,
     instead of passes of their own over q, the output and the gradient. Saved: each block's probabilities, its mask
-    and, with dropout, the dropped probabilities, as before. With dropout on a CPU the block's softmax, mask and
+    and, with dropout, the dropped probabilities, as before, and the contiguous copies of its queries and of the
+    keys and values up to its end that its products take (a product copies a strided operand each time it gets one:
+    six copies a layer fewer, the same bits). With dropout on a CPU the block's softmax, mask and
     dropped probabilities are keep_mask.c's one pass over each row, and its gradient one pass back
     (_causal_softmax), where torch's operations take three passes forward (softmax, draw, the mask's application)
     and two back."""
@@ -196,10 +198,15 @@ class CausalBlocks(torch.autograd.Function):
         saved, kernels = [], _softmax_kernels(q, p)
         if kernels is None:  # the torch operations' causal rule (the kernel has its own)
             rule = torch.full((size, size), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)  # 0 on and below
-        for start in range(0, T, size):
+        # the products copy a strided operand (a block's rows of q, the first keys of k and v) to a contiguous one
+        # each time: copied once here and kept, backward's products take the same copies
+        queries = [q3[:, start : start + size].contiguous() for start in range(0, T, size)]
+        keys = [k3[:, :end].contiguous() if end < T else k3 for end in range(size, T + 1, size)]
+        values = [v3[:, :end].contiguous() if end < T else v3 for end in range(size, T + 1, size)]
+        for block, start in enumerate(range(0, T, size)):
             end = start + size
             scores = torch.empty(B, nh, size, end, dtype=q.dtype, device=q.device)
-            scores.view(B * nh, size, end).baddbmm_(q3[:, start:end], k3[:, :end].mT, beta=0.0, alpha=scale)
+            scores.view(B * nh, size, end).baddbmm_(queries[block], keys[block].mT, beta=0.0, alpha=scale)
             if kernels is not None:
                 probs, att, keep = _causal_softmax(kernels[0], scores, size, p)
             else:
@@ -207,29 +214,31 @@ class CausalBlocks(torch.autograd.Function):
                 probs = torch.softmax(scores, dim=-1)
                 keep = keep_mask(probs, p) if p > 0.0 else None
                 att = apply_mask(probs, keep) if keep is not None else probs
-            out3[:, start:end].baddbmm_(att.view(B * nh, size, end), v3[:, :end], beta=0.0, alpha=_undrop(p))
-            saved += [probs, att, keep]
-        ctx.p, ctx.scale, ctx.kernels = p, scale, kernels
-        ctx.save_for_backward(q, k, v, *saved)
+            out3[:, start:end].baddbmm_(att.view(B * nh, size, end), values[block], beta=0.0, alpha=_undrop(p))
+            saved += [probs, att, keep, queries[block], keys[block], values[block]]
+        ctx.p, ctx.scale, ctx.kernels, ctx.shape = p, scale, kernels, q.shape
+        ctx.save_for_backward(*saved)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:  # noqa: ANN001
-        q, k, v, *saved = ctx.saved_tensors
-        p, scale, (B, nh, T, hs) = ctx.p, ctx.scale, q.shape
+        saved = ctx.saved_tensors
+        p, scale, (B, nh, T, hs) = ctx.p, ctx.scale, ctx.shape
         size = T // QUERY_BLOCKS
         flat = lambda x: x.reshape(B * nh, *x.shape[2:])  # noqa: E731 - (B, nh, ...) as a batch of matrices
-        q3, k3, v3, g3 = flat(q), flat(k), flat(v), flat(grad.to(q.dtype))
-        dq3 = torch.empty(B * nh, T, hs, dtype=q.dtype, device=q.device)
+        dtype, device = saved[0].dtype, saved[0].device
+        g3 = flat(grad.to(dtype))
+        dq3 = torch.empty(B * nh, T, hs, dtype=dtype, device=device)
         dk3, dv3 = torch.empty_like(dq3), torch.empty_like(dq3)
         for block in reversed(range(QUERY_BLOCKS)):  # the widest first: it writes all of dk and dv
             start, end = block * size, block * size + size
-            probs, att, keep = saved[3 * block : 3 * block + 3]
-            probs3, att3, rows = flat(probs), flat(att), g3[:, start:end]
+            probs, att, keep, queries, keys, values = saved[6 * block : 6 * block + 6]
+            probs3, att3 = flat(probs), flat(att)
+            rows = g3[:, start:end].contiguous()  # once for both products (each would copy the strided rows)
             beta = 0.0 if end == T else 1.0  # beta 0 ignores what the output held
             dv3[:, :end].baddbmm_(att3.mT, rows, beta=beta, alpha=_undrop(p))
-            dprobs = torch.empty(B * nh, size, end, dtype=q.dtype, device=q.device)
-            dprobs.baddbmm_(rows, v3[:, :end].mT, beta=0.0, alpha=_undrop(p))
+            dprobs = torch.empty(B * nh, size, end, dtype=dtype, device=device)
+            dprobs.baddbmm_(rows, values.mT, beta=0.0, alpha=_undrop(p))
             if ctx.kernels is not None:  # in place: dprobs becomes dscores
                 ctx.kernels[1](dprobs.data_ptr(), keep.data_ptr(), probs3.data_ptr(), dprobs.data_ptr(), 0,
                                B * nh * size, size, end)  # fmt: skip
@@ -238,8 +247,8 @@ class CausalBlocks(torch.autograd.Function):
                 if keep is not None:
                     apply_mask(dprobs, flat(keep), out=dprobs)
                 dscores = torch._softmax_backward_data(dprobs, probs3, -1, probs3.dtype)
-            dq3[:, start:end].baddbmm_(dscores, k3[:, :end], beta=0.0, alpha=scale)
-            dk3[:, :end].baddbmm_(dscores.mT, q3[:, start:end], beta=beta, alpha=scale)
+            dq3[:, start:end].baddbmm_(dscores, keys, beta=0.0, alpha=scale)
+            dk3[:, :end].baddbmm_(dscores.mT, queries, beta=beta, alpha=scale)
         shape = (B, nh, T, hs)
         return dq3.view(shape), dk3.view(shape), dv3.view(shape), None, None
 
