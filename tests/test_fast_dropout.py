@@ -12,7 +12,7 @@ import torch
 
 import gptforge.model.gpt as model_module
 from gptforge.model import attention as attn
-from gptforge.model import masks
+from gptforge.model import mask_reference, masks, native
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.layers import Dropout, evaluating, keep_mask
 
@@ -21,8 +21,8 @@ from gptforge.model.layers import Dropout, evaluating, keep_mask
 def mask_path(request, monkeypatch):
     """keep_mask by the compiled kernel, and as it runs where no C compiler is found (the torch reference)."""
     if request.param == "reference":
-        monkeypatch.setattr(masks, "_kernel", [None])
-    elif masks.native_kernel() is None:
+        monkeypatch.setattr(native, "_kernel", [None])
+    elif native.native_kernel() is None:
         pytest.skip("no compiled kernel here")
 
 
@@ -64,29 +64,31 @@ def test_mask_words_are_splitmix64():
     """The torch arithmetic (wrapping int64 products, logical shifts) gives SplitMix64's published outputs for
     seed 0: 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4, 0x06c45d188009454f."""
     published = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
-    words = masks.splitmix_words(0, 0, 3).tolist()
+    words = mask_reference.splitmix_words(0, 0, 3).tolist()
     assert [w & ((1 << 64) - 1) for w in words] == published
-    assert masks.splitmix_words(0, 1, 2).tolist() == words[1:]  # word j does not depend on where a slice starts
+    assert (
+        mask_reference.splitmix_words(0, 1, 2).tolist() == words[1:]
+    )  # word j does not depend on where a slice starts
 
 
 def test_the_compiled_kernel_is_built_where_a_compiler_is():
     """On a machine with a C compiler (CI's) the masks come from keep_mask.c, never silently from the fallback."""
-    if not masks.c_compiler():
+    if not native.c_compiler():
         pytest.skip("no C compiler here")
-    assert masks.native_kernel() is not None
+    assert native.native_kernel() is not None
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 1031, 4096, (1 << 18) + 7])
 @pytest.mark.parametrize("p", [0.0, 1 / 65536, 0.05, 0.5, 0.99])
 def test_compiled_kernel_equals_the_torch_reference(n, p):
-    kernel = masks.native_kernel()
+    kernel = native.native_kernel()
     if kernel is None:
         pytest.skip("no compiled kernel here: the reference draws every mask")
     threshold = round(p * 65536) - 32768
     for seed in (0, 12345, 2**63 - 2):
         ours, reference = torch.empty(n, dtype=torch.bool), torch.empty(n, dtype=torch.bool)
         kernel(ours.data_ptr(), n, seed, threshold)
-        masks.reference_keep(reference, seed, threshold)
+        mask_reference.reference_keep(reference, seed, threshold)
         assert torch.equal(ours, reference), (n, p, seed)
     if p == 0.0:
         assert bool(ours.all())
@@ -95,11 +97,11 @@ def test_compiled_kernel_equals_the_torch_reference(n, p):
 def test_the_fallback_draws_the_kernels_masks(monkeypatch):
     """Where the kernel is missing, the same seeds give the same masks (resumes agree across the two paths), in
     chunks of REFERENCE_WORDS words."""
-    monkeypatch.setattr(masks, "REFERENCE_WORDS", 1000)  # a mask over several chunks, one of them ragged
+    monkeypatch.setattr(mask_reference, "REFERENCE_WORDS", 1000)  # a mask over several chunks, one of them ragged
     shape = torch.Size([3, 2050])
     torch.manual_seed(5)
     first = keep_mask(torch.empty(shape), 0.3)
-    monkeypatch.setattr(masks, "_kernel", [None])
+    monkeypatch.setattr(native, "_kernel", [None])
     torch.manual_seed(5)
     assert torch.equal(keep_mask(torch.empty(shape), 0.3), first)
 
@@ -107,8 +109,8 @@ def test_the_fallback_draws_the_kernels_masks(monkeypatch):
 def test_a_compiler_that_fails_says_so_and_falls_back(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("CC", shutil.which("false") or "/bin/false")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(masks, "_kernel", [])
-    assert masks.native_kernel() is None
+    monkeypatch.setattr(native, "_kernel", [])
+    assert native.native_kernel() is None
     said = capsys.readouterr().err
     assert "compiled CPU kernels: the compiled kernel could not be built or loaded" in said
     assert "dropout masks drawn and RMSNorm computed by torch operations" in said
@@ -119,16 +121,16 @@ def test_a_compiler_that_fails_says_so_and_falls_back(monkeypatch, tmp_path, cap
 
 
 def test_switched_off_the_kernel_is_not_built(monkeypatch, capsys):
-    monkeypatch.setenv(masks.SWITCH, "0")
-    monkeypatch.setattr(masks, "_kernel", [])
-    assert masks.native_kernel() is None
+    monkeypatch.setenv(native.SWITCH, "0")
+    monkeypatch.setattr(native, "_kernel", [])
+    assert native.native_kernel() is None
     assert "compiled CPU kernels" not in capsys.readouterr().err  # asked for: nothing to warn about
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_as_ones_is_the_masks_conversion(dtype):
     keep = torch.rand(3, 1001, generator=torch.Generator().manual_seed(0)) < 0.6
-    ones = masks.as_ones(keep, dtype)
+    ones = mask_reference.as_ones(keep, dtype)
     assert ones.dtype == dtype and torch.equal(ones, keep.to(dtype))
 
 
@@ -138,17 +140,21 @@ def test_apply_mask_is_torchs_products_bit_for_bit(dtype, scale, mask_path):
     """x times the mask, then the scale rounded once: the kernel's one pass (bf16, float32) gives the bits of
     torch's products (the reference: float64 arithmetic rounded once to the dtype), signed zeros and a dropped
     infinity's NaN included; in place too; a strided x takes torch's products."""
-    values = torch.cat([torch.tensor(masks.SPECIAL * 3), torch.randn(5003, generator=torch.Generator().manual_seed(4))])
+    values = torch.cat(
+        [torch.tensor(mask_reference.SPECIAL * 3), torch.randn(5003, generator=torch.Generator().manual_seed(4))]
+    )
     x = values.to(dtype)
     keep = torch.rand(values.shape, generator=torch.Generator().manual_seed(5)) < 0.7
-    special = 3 * len(masks.SPECIAL)
+    special = 3 * len(mask_reference.SPECIAL)
     keep[:special] = torch.arange(special) % 3 != 1  # every special value kept and dropped
     expected = (x.double() * keep.double() * torch.tensor(scale, dtype=torch.float32).double()).to(dtype)
-    assert masks.same_bits(masks.apply_mask(x, keep, scale), expected)
+    assert mask_reference.same_bits(masks.apply_mask(x, keep, scale), expected)
     inplace = x.clone()
-    assert masks.apply_mask(inplace, keep, scale, out=inplace) is inplace and masks.same_bits(inplace, expected)
+    assert masks.apply_mask(inplace, keep, scale, out=inplace) is inplace and mask_reference.same_bits(
+        inplace, expected
+    )
     wide = torch.stack([x, x], dim=1)[:, 0]  # every other element: not contiguous
-    assert not wide.is_contiguous() and masks.same_bits(masks.apply_mask(wide, keep, scale), expected)
+    assert not wide.is_contiguous() and mask_reference.same_bits(masks.apply_mask(wide, keep, scale), expected)
 
 
 def test_fast_dropout_in_bf16_rounds_like_torchs_dropout():

@@ -21,6 +21,8 @@ GROUPS = [
     ("core.memory", "core.device", "core.distributed"),  # what it needs, where and how it runs
     # the network and its optimizers
     (
+        "model.mask_reference",
+        "model.native",
         "model.masks",
         "model.layers",
         "model.linear",

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gptforge.model import layers, masks
+from gptforge.model import layers, native
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.masks import layer_norm_reference
+from gptforge.model.mask_reference import layer_norm_reference
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -18,7 +18,7 @@ def test_layer_norm_under_bf16_autocast_matches_float64_and_torchs_path(bias, mo
     """Output in bf16 within one bf16 rounding of float64's and of torch's path (float32 LayerNorm rounded to bf16);
     x's, the weight's and the bias's gradients from the same bf16 upstream gradient within float32 rounding of
     float64's and as close as torch's path (which rounds the same gradient to float32 first)."""
-    assert masks.native_kernels() is not None  # CI has a C compiler
+    assert native.native_kernels() is not None  # CI has a C compiler
     calls, real = [], layers.LayerNormToBf16.apply
     monkeypatch.setattr(layers.LayerNormToBf16, "apply", lambda *a: calls.append(1) or real(*a))
     gen = torch.Generator().manual_seed(0)

@@ -17,7 +17,7 @@ from conftest import run_cli, whole_and_resumed
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
 from gptforge.infer.engine import generate
-from gptforge.model import layers, masks
+from gptforge.model import layers, native
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.layers import KVCache, RMSNorm, apply_rotary, rms_norm, rotary_angles
 from gptforge.weights.export import export_hf
@@ -284,9 +284,9 @@ def test_the_compiled_rms_norm_matches_float64_and_torchs_own_steps(monkeypatch,
     of each row each way): its values and gradients lie within float32 rounding (float32 out) or one bf16 rounding
     (bf16 out) of float64's, and as close to them as the torch operations it replaces; a transposed x takes the torch
     path and gives the same values."""
-    if not masks.c_compiler():
+    if not native.c_compiler():
         pytest.skip("no C compiler here")
-    assert masks.native_kernels() is not None
+    assert native.native_kernels() is not None
     gen = torch.Generator().manual_seed(width)
     x = (torch.randn(3, 7, width, generator=gen) * 3).to(source).requires_grad_()
     grad = torch.randn(3, 7, width, generator=gen).to(written)
@@ -301,7 +301,7 @@ def test_the_compiled_rms_norm_matches_float64_and_torchs_own_steps(monkeypatch,
     r = (x.detach().double().pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()
     scale = (grad.double().abs() * r).max().item()
     torch.testing.assert_close(dx.double(), want_dx, rtol=0, atol=4 * tol[source] * scale)
-    monkeypatch.setattr(masks, "_kernel", [None])  # torch's own operations
+    monkeypatch.setattr(native, "_kernel", [None])  # torch's own operations
     assert layers._rms_kernel(x.detach(), written) is None
     y_torch = rms_norm(x, written)
     (dx_torch,) = torch.autograd.grad(y_torch, x, grad)
@@ -321,7 +321,7 @@ def test_rotary_then_rms_norm_in_one_step_matches_float64(dtype):
     compiled kernel is (CI's), one step whose value and gradient lie within float32 rounding (float32) or one bf16
     rounding (bf16) of float64's, at least as close as the two torch steps it replaces; the gradient reaches q's
     columns of c_attn's output and nothing else."""
-    if not masks.c_compiler():
+    if not native.c_compiler():
         pytest.skip("no C compiler here")
     B, T, H, hs = 2, 9, 3, 64
     gen = torch.Generator().manual_seed(6)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptforge.model import masks
+from gptforge.model import mask_reference, native
 
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 
@@ -25,20 +25,20 @@ def cpu_flags() -> set[str]:
 
 
 pytestmark = pytest.mark.skipif(
-    not Path("/proc/cpuinfo").exists() or not AVX512 <= cpu_flags() or masks.c_compiler() is None,
+    not Path("/proc/cpuinfo").exists() or not AVX512 <= cpu_flags() or native.c_compiler() is None,
     reason="no AVX-512 (F, BW, VL, DQ) or no C compiler here: the portable loops are the only ones built",
 )
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ctypes.CDLL]:
-    masks.native_kernels()  # torch's OpenMP runtime is loaded: the libraries bind to it, as gptforge's own does
+    native.native_kernels()  # torch's OpenMP runtime is loaded: the libraries bind to it, as gptforge's own does
     folder = tmp_path_factory.mktemp("builds")
     libraries = {}
     for name, extra in (("avx512", ()), ("portable", ("-mno-avx512f",))):
         path = folder / f"{name}.so"
-        command = [masks.c_compiler(), *masks.FLAGS, "-march=native", *extra, *masks.openmp_flags()]
-        subprocess.run([*command, "-o", str(path), str(masks.SOURCE)], check=True, capture_output=True, timeout=300)
+        command = [native.c_compiler(), *native.FLAGS, "-march=native", *extra, *native.openmp_flags()]
+        subprocess.run([*command, "-o", str(path), str(native.SOURCE)], check=True, capture_output=True, timeout=300)
         libraries[name] = ctypes.CDLL(str(path))
     return libraries
 
@@ -57,7 +57,7 @@ def softmax_both_ways(library: ctypes.CDLL, s: torch.Tensor, d: torch.Tensor, ro
     probs, att, ds = torch.empty_like(s), torch.empty_like(s), torch.empty_like(s)
     keep, failed = torch.empty(s.shape, dtype=torch.bool), ctypes.c_int32(0)
     forward(s.data_ptr(), probs.data_ptr(), att.data_ptr(), keep.data_ptr(), 0, n, rows, cols, 2**63 - 99,
-            masks.keep_threshold(p), ctypes.byref(failed))  # fmt: skip
+            mask_reference.keep_threshold(p), ctypes.byref(failed))  # fmt: skip
     backward(d.data_ptr(), keep.data_ptr(), probs.data_ptr(), ds.data_ptr(), 0, n, rows, cols)
     assert failed.value == 0
     return [probs.view(torch.int16), att.view(torch.int16), keep, ds.view(torch.int16)]
@@ -92,8 +92,8 @@ def test_residual_dropout_gives_the_portable_bits(builds: dict[str, ctypes.CDLL]
         forward = builds[name].gptforge_residual_dropout_bf16
         forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float]
         keep, out = torch.empty(n, dtype=torch.bool), torch.empty(n)
-        forward(x.data_ptr(), y.data_ptr(), keep.data_ptr(), out.data_ptr(), n, 2**63 - 7, masks.keep_threshold(p),
-                1.0 / (1.0 - p) if p < 1.0 else 0.0)  # fmt: skip
+        threshold, scale = mask_reference.keep_threshold(p), 1.0 / (1.0 - p) if p < 1.0 else 0.0
+        forward(x.data_ptr(), y.data_ptr(), keep.data_ptr(), out.data_ptr(), n, 2**63 - 7, threshold, scale)
         outputs.append((keep, out.view(torch.int32)))
     (keep, out), (portable_keep, portable_out) = outputs
     assert torch.equal(keep, portable_keep) and torch.equal(out, portable_out)

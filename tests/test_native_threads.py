@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gptforge.model import attention as attn
-from gptforge.model import layers, masks
+from gptforge.model import layers, mask_reference, masks, native
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def every_kernel(seed: int) -> list[torch.Tensor]:
                 y = norm(x)
             y.backward(torch.randn(y.shape, generator=gen).to(y.dtype))
             out += [y, x.grad, norm.weight.grad, norm.bias.grad]
-        forward, backward = masks.native_kernels().softmax[dtype]  # attention's causal softmax with dropout:
+        forward, backward = native.native_kernels().softmax[dtype]  # attention's causal softmax with dropout:
         scores = torch.randn(4, 6, 128, 256, generator=gen).to(dtype)  # a second query block's scores
         probs, att, kept = attn._causal_softmax(forward, scores, 128, 0.1)
         d = torch.randn(scores.shape, generator=gen).to(dtype)
@@ -64,19 +64,19 @@ def every_kernel(seed: int) -> list[torch.Tensor]:
 
 
 def test_the_kernels_split_across_torchs_threads_with_the_same_bits(threads):
-    native = masks.native_kernels()
-    assert native is not None  # CI has a C compiler
-    assert masks.openmp_flags() == ("-fopenmp",)  # torch's CPU wheels run on libgomp
+    kernels = native.native_kernels()
+    assert kernels is not None  # CI has a C compiler
+    assert native.openmp_flags() == ("-fopenmp",)  # torch's CPU wheels run on libgomp
     assert len(libgomps()) == 1  # torch's: the kernels' library brought no second runtime
     threads(1)
-    assert native.threads() == 1
+    assert kernels.threads() == 1
     one = every_kernel(seed=3)
     threads(3)
-    assert native.threads() == 3  # built with OpenMP: a large kernel runs on torch's three threads
+    assert kernels.threads() == 3  # built with OpenMP: a large kernel runs on torch's three threads
     three = every_kernel(seed=3)
     assert len(libgomps()) == 1
     for a, b in zip(one, three, strict=True):
-        assert masks.same_bits(a, b) if a.is_floating_point() else torch.equal(a, b)
+        assert mask_reference.same_bits(a, b) if a.is_floating_point() else torch.equal(a, b)
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
@@ -85,5 +85,5 @@ def test_the_kernels_load_and_pass_their_checks_without_autograd(mode):
     compute their float64 gradients by formula, so the kernels load there too."""
     context = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
     with context:
-        native, why = masks._load()
-    assert native is not None and why == ""
+        kernels, why = native._load()
+    assert kernels is not None and why == ""

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from gptforge.model import attention as attn
-from gptforge.model import layers, masks
+from gptforge.model import layers, masks, native
 from gptforge.model.attention import attention
 from gptforge.model.gpt import document_mask
 
@@ -99,7 +99,7 @@ def test_the_compiled_causal_softmax_matches_float64_and_the_torch_path(dtype, p
     row forward, one backward; its split across threads: test_native_threads.py): from the same
     generator state the same masks as the torch operations' path, and values and gradients as close to float64's
     as that path's (float32: 1e-5; bf16: its rounding). Without dropout torch's softmax stays."""
-    assert masks.native_kernels() is not None  # CI has a C compiler: the compiled path must be what runs there
+    assert native.native_kernels() is not None  # CI has a C compiler: the compiled path must be what runs there
     gen = torch.Generator().manual_seed(7)
     T = 256  # two query blocks: 128 rows over 128 keys, 128 over 256
     base = [torch.randn(2, 3, T, 16, generator=gen) for _ in range(3)]

@@ -12,7 +12,9 @@ import math
 import torch
 
 from gptforge.core.device import cpu_has_amx
-from gptforge.model.masks import apply_mask, keep_mask, keep_threshold, mask_seed, native_kernels
+from gptforge.model.mask_reference import keep_threshold
+from gptforge.model.masks import apply_mask, keep_mask, mask_seed
+from gptforge.model.native import native_kernels
 
 QUERY_BLOCKS = 2  # attention goes in this many query blocks when T >= MIN_BLOCKED_T and the mask allows
 MIN_BLOCKED_T = 128

@@ -1,13 +1,13 @@
 /* gptforge's compiled CPU kernels: dropout masks and their application (model/masks.py), a residual connection
  * with dropout, RMSNorm (alone and after rotary) and LayerNorm into bf16, forward and backward in one pass over
- * each row (model/layers.py), and attention's causal softmax with dropout (model/attention.py); model/masks.py
+ * each row (model/layers.py), and attention's causal softmax with dropout (model/attention.py); model/native.py
  * compiles this file on first use and checks every function against torch's masks, torch's bits or float64 before
  * using it.
  *
  * Dropout masks: keep[i] is lane i % 4 (16 bits, little-endian order) of word i / 4, read as a signed
  * 16-bit integer, compared with `threshold`; word j is SplitMix64's output for the state seed + (j + 1) * golden.
- * model/masks.py computes the same masks with torch operations (its reference and fallback) and compiles this
- * file on first use; the loop has no dependence between words, so the compiler vectorises it. */
+ * model/mask_reference.py computes the same masks with torch operations (the reference and fallback); the loop
+ * has no dependence between words, so the compiler vectorises it. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,7 +16,7 @@
 #include <omp.h>
 #endif
 
-/* Threads: built with -fopenmp (model/masks.py does where the compiler can and torch runs on libgomp), every
+/* Threads: built with -fopenmp (model/native.py does where the compiler can and torch runs on libgomp), every
  * kernel splits its rows or elements across the OpenMP threads of the runtime torch itself runs on (the library
  * torch loaded answers to libgomp.so.1: one pool of threads, the ones torch's own operations use, never a second
  * one), as many as torch.get_num_threads() in the calling thread (omp_get_max_threads), fewer for small work

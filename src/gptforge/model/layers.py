@@ -11,7 +11,9 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptforge.model import masks
-from gptforge.model.masks import apply_mask, keep_mask, layer_norm_chunks, native_kernels
+from gptforge.model.mask_reference import keep_threshold
+from gptforge.model.masks import apply_mask, keep_mask
+from gptforge.model.native import layer_norm_chunks, native_kernels
 
 
 @contextlib.contextmanager
@@ -133,7 +135,7 @@ class ResidualDropout(torch.autograd.Function):
         x, y = x.contiguous(), y.contiguous()
         keep, out = torch.empty(x.shape, dtype=torch.bool), torch.empty_like(x)
         forward(x.data_ptr(), y.data_ptr(), keep.data_ptr(), out.data_ptr(), x.numel(), masks.mask_seed(),
-                masks.keep_threshold(p), 1.0 / (1.0 - p))  # fmt: skip
+                keep_threshold(p), 1.0 / (1.0 - p))  # fmt: skip
         ctx.save_for_backward(keep)
         ctx.p, ctx.y_dtype = p, y.dtype
         return out
@@ -156,7 +158,7 @@ def rms_norm(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
 
     On CPUs F.rms_norm is a chain of float32 operations with as many again backward, and a bf16 x goes to float32
     and back around it; RootMeanSquare reads each row once forward and once backward with the compiled kernel
-    (masks.native_kernels: contiguous float32 / bf16 CPU tensors), else passes over x twice forward and three times
+    (native.native_kernels: contiguous float32 / bf16 CPU tensors), else passes over x twice forward and three times
     backward in torch operations (docs/PERFORMANCE.md). Under torch.compile the plain expression, which inductor
     fuses itself."""
     if torch.compiler.is_compiling():
@@ -173,7 +175,7 @@ class RootMeanSquare(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # noqa: ANN001
         size = x.size(-1)
         kernel = _rms_kernel(x, dtype)
-        if kernel is not None:  # one pass over x (masks.native_kernels)
+        if kernel is not None:  # one pass over x (native.native_kernels)
             y, r = torch.empty(x.shape, dtype=dtype), torch.empty(*x.shape[:-1], 1)
             kernel(x.data_ptr(), y.data_ptr(), r.data_ptr(), 0, r.numel(), size, RMS_EPS)
             ctx.save_for_backward(x, r)

@@ -1,0 +1,424 @@
+"""keep_mask.c, gptforge's compiled CPU kernels: built on first use with the machine's C compiler (cached in
+~/.cache/gptforge/native, one file per source, compiler, CPU and threading: -march=native, and -fopenmp where torch
+runs on GNU OpenMP, `openmp_flags`, so that the kernels split their work across torch's own threads), loaded with
+ctypes, and checked before use against model/mask_reference.py: the masks and their application bit for bit, the
+residual dropout against torch's bits, RMSNorm (alone and after rotary), the causal softmax and LayerNorm against
+float64. `native_kernels()` gives them (Native), or None (said once) with GPTFORGE_NATIVE=0, without a compiler or
+when a check fails: model/masks.py, layers.py and attention.py then use torch operations."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from gptforge.core.allocator import switched_off
+from gptforge.core.console import log
+from gptforge.model.mask_reference import (
+    SPECIAL,
+    causal_softmax_reference,
+    keep_threshold,
+    layer_norm_reference,
+    reference_keep,
+    rope_rms_reference,
+    same_bits,
+    torch_masked,
+)
+
+SOURCE = Path(__file__).with_name("keep_mask.c")
+SWITCH = "GPTFORGE_NATIVE"  # 0 / off / false: no compiled kernel, masks by torch operations (the same masks)
+FLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fno-math-errno")  # sqrtf as one instruction, no libm
+
+# the compiled kernels: looked for once per process ([Native] or [None])
+_kernel: list = []
+
+
+class Native(NamedTuple):
+    """keep_mask.c's functions: the mask's draw, a mask's application for each dtype it has one for, RMSNorm's
+    forward (by (x's, y's) dtype) and backward (by (the gradient's, x's) dtype), and the rest as their fields say."""
+
+    keep: Callable[..., None]
+    masked: dict[torch.dtype, Callable[..., None]]
+    rms: dict[tuple[torch.dtype, torch.dtype], Callable[..., None]]
+    rms_back: dict[tuple[torch.dtype, torch.dtype], Callable[..., None]]
+    rope_rms: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # forward, backward by dtype
+    softmax: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # causal softmax + dropout, likewise
+    threads: Callable[[], int]  # the threads a large kernel runs on in the calling thread (1 without OpenMP)
+    layer_norm: tuple[Callable[..., None], Callable[..., None]]  # float32 -> bf16 LayerNorm, its backward
+    residual: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # x + dropout(y) by y's dtype
+
+
+# RMSNorm's compiled (input, output) dtype pairs: float32 in and out, bf16 written from float32 (a block's norm
+# under autocast) or from bf16 (qk-norm); the backward's (gradient, x) pairs are the same three
+RMS_PAIRS = ((torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16))
+RMS_BACK_PAIRS = ((torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16))
+_C_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def native_kernel():  # noqa: ANN201 - a ctypes function or None
+    """keep_mask.c's mask function, compiled on first use; None (said once) with GPTFORGE_NATIVE=0, without a C
+    compiler, or when the compiled kernel does not reproduce reference_keep (and torch's masked products)."""
+    native = _native()
+    return None if native is None else native.keep
+
+
+def native_kernels() -> Native | None:
+    """The compiled kernels for RMSNorm (Native.rms, .rms_back, .rope_rms) and attention's causal softmax
+    (Native.softmax), or None where there are none (layers.py and attention.py then use torch operations)."""
+    return _native()
+
+
+def _native() -> Native | None:
+    if not _kernel:
+        native, why = _load()
+        if native is None and why:
+            log(
+                f"compiled CPU kernels: {why}; dropout masks drawn and RMSNorm computed by torch operations instead "
+                "(the same masks, slower)"
+            )
+        _kernel.append(native)
+    return _kernel[0]
+
+
+def _load() -> tuple[Native | None, str]:
+    if switched_off(SWITCH):
+        return None, ""
+    compiler = c_compiler()
+    if not compiler:
+        return None, "no C compiler found (install gcc, or set CC) for the compiled kernel"
+    try:
+        path = _compiled(compiler)
+        library = ctypes.CDLL(str(path))
+        keep, bf16, f32 = library.gptforge_keep_mask, library.gptforge_masked_bf16, library.gptforge_masked_f32
+    except (OSError, AttributeError, subprocess.SubprocessError) as e:
+        return None, f"the compiled kernel could not be built or loaded ({e})"
+    keep.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32]
+    for function in (keep, bf16, f32):
+        function.restype = None
+    for function in (bf16, f32):
+        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
+    rms, rms_back = {}, {}
+    try:
+        for pair in RMS_PAIRS:
+            rms[pair] = getattr(library, "gptforge_rms_{}_{}".format(*(_C_NAMES[d] for d in pair)))
+            rms[pair].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float]
+        for pair in RMS_BACK_PAIRS:
+            rms_back[pair] = getattr(library, "gptforge_rms_back_{}_{}".format(*(_C_NAMES[d] for d in pair)))
+            rms_back[pair].argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+        rope_rms = {}
+        for dtype, name in _C_NAMES.items():
+            forward, backward = (
+                getattr(library, f"gptforge_rope_rms_{name}"),
+                getattr(library, f"gptforge_rope_rms_back_{name}"),
+            )
+            forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+            backward.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 10
+            rope_rms[dtype] = (forward, backward)
+        softmax = {}
+        for dtype, name in _C_NAMES.items():
+            forward, backward = (
+                getattr(library, f"gptforge_causal_softmax_{name}"),
+                getattr(library, f"gptforge_causal_softmax_back_{name}"),
+            )
+            forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_uint64, ctypes.c_int32]
+            forward.argtypes += [ctypes.c_void_p]  # set to 1 where a thread's row buffer could not be allocated
+            backward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+            softmax[dtype] = (forward, backward)
+        threads = library.gptforge_threads
+        threads.argtypes, threads.restype = [], ctypes.c_int
+        layer_norm = (library.gptforge_layer_norm_f32_bf16, library.gptforge_layer_norm_back_bf16_f32)
+        layer_norm[0].argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+        layer_norm[1].argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2
+        residual = {}
+        for dtype, name in _C_NAMES.items():
+            forward, backward = (
+                getattr(library, f"gptforge_residual_dropout_{name}"),
+                getattr(library, f"gptforge_residual_dropout_back_{name}"),
+            )
+            forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float]
+            backward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float]
+            residual[dtype] = (forward, backward)
+    except AttributeError as e:
+        return None, f"the compiled kernel could not be built or loaded ({e})"
+    pairs = (*rope_rms.values(), *softmax.values(), layer_norm, *residual.values())
+    for function in (*rms.values(), *rms_back.values(), *(f for pair in pairs for f in pair)):
+        function.restype = None
+    native = Native(
+        keep,
+        {torch.bfloat16: bf16, torch.float32: f32},
+        rms,
+        rms_back,
+        rope_rms,
+        softmax,
+        threads,
+        layer_norm,
+        residual,
+    )
+    if not (_agrees(native) and _residual_agrees(native)):
+        return None, f"the compiled kernel ({path}) does not reproduce reference_keep and torch's masked products"
+    if not (_rms_agrees(native) and _rope_rms_agrees(native)):
+        return None, f"the compiled kernel's RMSNorm ({path}) does not agree with float64's"
+    if not _softmax_agrees(native):
+        return None, f"the compiled kernel's causal softmax ({path}) does not agree with float64's and keep_mask's"
+    if not _layer_norm_agrees(native):
+        return None, f"the compiled kernel's LayerNorm ({path}) does not agree with float64's"
+    return native, ""
+
+
+def c_compiler() -> str | None:
+    """The C compiler the kernel is built with: $CC, else cc or gcc on the PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def openmp_flags() -> tuple[str, ...]:
+    """("-fopenmp",) where this process runs torch on GNU OpenMP (libgomp is loaded): the kernels' library then
+    binds to that same runtime (the name libgomp.so.1 is taken by the library already loaded) and splits its work
+    across torch's own threads. () elsewhere: another OpenMP runtime (Intel's, LLVM's) would bring a second pool of
+    threads competing with torch's for the same cores."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return ()
+    return ("-fopenmp",) if "libgomp" in maps else ()
+
+
+def _compiled(compiler: str) -> Path:
+    """The kernel's shared library for this source, compiler and CPU (-march=native) and threads (openmp_flags),
+    built when missing: into a temporary file, then renamed (ranks of one run may build it at once). A compiler
+    without -march=native or OpenMP builds the form without them."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    openmp = openmp_flags()
+    key = hashlib.sha256(b"\0".join(x.encode() for x in (compiler, version, " ".join(FLAGS + openmp), _cpu_flags())))
+    key.update(source)
+    folder = _cache_folder()
+    target = folder / f"keep_mask-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        for extra in dict.fromkeys((("-march=native", *openmp), ("-march=native",), openmp, ())):
+            done = subprocess.run(
+                [compiler, *FLAGS, *extra, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
+            )
+            if done.returncode == 0:
+                os.replace(tmp, target)
+                return target
+        said = done.stderr.strip().splitlines()
+        raise subprocess.SubprocessError(f"{compiler} {SOURCE.name}: {said[-1] if said else f'exit {done.returncode}'}")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _cache_folder() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gptforge" / "native"
+    user = os.getuid() if hasattr(os, "getuid") else 0
+    for folder in (base, Path(tempfile.gettempdir()) / f"gptforge-native-{user}"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if os.access(folder, os.W_OK):
+                return folder
+        except OSError:
+            continue
+    raise OSError("no writable cache folder for the compiled kernel (~/.cache or the temporary folder)")
+
+
+def _cpu_flags() -> str:
+    """What -march=native depends on: the machine and its CPU's feature flags."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line for line in fh if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = platform.processor()
+    return f"{platform.machine()} {flags.strip()}"
+
+
+def _agrees(native: Native) -> bool:
+    """The compiled kernel gives reference_keep's mask (a few words and a ragged tail, two seeds, two thresholds),
+    and apply_mask's torch products bit for bit (special values kept and dropped; three scales)."""
+    for seed, threshold, n in ((0, -32768 + 13107, 4099), (2**63 - 25, 3, 1031), (7, 0, 200_003)):  # 1, 1, 2+ parts
+        ours, theirs = torch.empty(n, dtype=torch.bool), torch.empty(n, dtype=torch.bool)
+        native.keep(ours.data_ptr(), n, seed, threshold)
+        reference_keep(theirs, seed, threshold)
+        if not torch.equal(ours, theirs):
+            return False
+    values = torch.cat([torch.tensor(SPECIAL * 2), torch.randn(1021, generator=torch.Generator().manual_seed(3))])
+    keep = torch.arange(values.numel()) % 3 != 1  # each special value both kept and dropped
+    for dtype, function in native.masked.items():
+        x = values.to(dtype)
+        for scale in (1.0, 1.0 / 0.8, 1.0 / 0.95):
+            ours = torch.empty_like(x)
+            function(x.data_ptr(), keep.data_ptr(), ours.data_ptr(), x.numel(), scale)
+            if not same_bits(ours, torch_masked(x, keep, scale)):
+                return False
+    return True
+
+
+def _residual_agrees(native: Native) -> bool:
+    """x + dropout(y) and its gradient for y give torch's bits: x + apply_mask(y, mask), and apply_mask of the float32
+    gradient rounded to y's dtype, with reference_keep's mask (special values in y and in the gradient)."""
+    n, seed, threshold, scale = 1041, 12345, keep_threshold(0.2), 1.0 / 0.8
+    values = torch.cat(
+        [torch.tensor(SPECIAL * 2), torch.randn(n - 2 * len(SPECIAL), generator=torch.Generator().manual_seed(9))]
+    )
+    x = torch.randn(n, generator=torch.Generator().manual_seed(10))
+    kept = torch.empty(n, dtype=torch.bool)
+    reference_keep(kept, seed, threshold)
+    for dtype, (forward, backward) in native.residual.items():
+        y, keep, out = values.to(dtype), torch.empty(n, dtype=torch.bool), torch.empty(n)
+        forward(x.data_ptr(), y.data_ptr(), keep.data_ptr(), out.data_ptr(), n, seed, threshold, scale)
+        if not (torch.equal(keep, kept) and same_bits(out, x + torch_masked(y, kept, scale))):
+            return False
+        dy = torch.empty(n, dtype=dtype)
+        backward(values.data_ptr(), kept.data_ptr(), dy.data_ptr(), n, scale)
+        if not same_bits(dy, torch_masked(values.to(dtype), kept, scale)):
+            return False
+    return True
+
+
+def _rms_agrees(native: Native) -> bool:
+    """RMSNorm's compiled forward (y and the rows' r) and backward agree with the same formulas in float64, for
+    every dtype pair, on rows of 64 and 383 (whole and partial lanes): within float32 rounding where the output is
+    float32, within one bf16 rounding where it is bf16."""
+    gen, eps = torch.Generator().manual_seed(4), 1e-6
+    for n in (64, 383):
+        x64 = torch.randn(5, n, dtype=torch.float64, generator=gen) * 3
+        g64 = torch.randn(5, n, dtype=torch.float64, generator=gen)
+        for x_type, y_type in RMS_PAIRS:
+            x = x64.to(x_type)
+            y, r = torch.empty(x.shape, dtype=y_type), torch.empty(5, 1)
+            native.rms[(x_type, y_type)](x.data_ptr(), y.data_ptr(), r.data_ptr(), 0, 5, n, eps)
+            want_r = (x.double().pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+            if not torch.allclose(r.double(), want_r, rtol=1e-5, atol=0):
+                return False
+            if not torch.allclose(y.double(), x.double() * want_r, rtol=_RMS_RTOL[y_type], atol=_RMS_RTOL[y_type]):
+                return False
+        for g_type, x_type in RMS_BACK_PAIRS:
+            x, g = x64.to(x_type), g64.to(g_type)
+            r = (x.double().pow(2).mean(-1, keepdim=True) + eps).rsqrt().float()
+            dx = torch.empty(x.shape, dtype=x_type)
+            native.rms_back[(g_type, x_type)](g.data_ptr(), x.data_ptr(), r.data_ptr(), dx.data_ptr(), 0, 5, n)
+            rd, xd, gd = r.double(), x.double(), g.double()
+            want = gd * rd - xd * rd.pow(3) * (gd * xd).mean(-1, keepdim=True)
+            if not torch.allclose(dx.double(), want, rtol=_RMS_RTOL[x_type], atol=_RMS_RTOL[x_type]):
+                return False
+    return True
+
+
+_RMS_RTOL = {torch.float32: 1e-5, torch.bfloat16: 2**-7}
+
+
+def _rope_rms_agrees(native: Native) -> bool:
+    """The compiled rotary + RMSNorm, forward and backward, on a strided x (a head-split view, as attention passes
+    it), within float32 rounding (float32) or one bf16 rounding (bf16) of float64's value and gradient."""
+    gen = torch.Generator().manual_seed(5)
+    B, H, T, hs = 2, 3, 5, 32
+    base = torch.randn(B, T, 3 * H * hs, dtype=torch.float64, generator=gen) * 2
+    angles = torch.randn(T, hs // 2, dtype=torch.float64, generator=gen)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    g64 = torch.randn(B, H, T, hs, dtype=torch.float64, generator=gen)
+    for dtype, (forward, backward) in native.rope_rms.items():
+        x = base.to(dtype)[..., : H * hs].view(B, T, H, hs).transpose(1, 2)  # strides of q in attention
+        x64, gd = x.double(), g64.to(dtype).double()
+        want = rope_rms_reference(x64, cos, sin)
+        # the gradient by its formula (this may run where autograd does not: inside a Function, inference mode)
+        p, q = gd.chunk(2, dim=-1)
+        c64, s64 = cos.double(), sin.double()
+        u = torch.cat((p * c64 - q * s64, q * c64 + p * s64), dim=-1)  # g turned back
+        r64 = (x64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()
+        want_dx = u * r64 - x64 * r64.pow(3) * (u * x64).mean(-1, keepdim=True)
+        y, r = torch.empty(B, H, T, hs, dtype=dtype), torch.empty(B * H * T)
+        sb, sh, st, _ = x.stride()
+        forward(x.data_ptr(), y.data_ptr(), r.data_ptr(), cos.data_ptr(), sin.data_ptr(), B, H, T, hs, sb, sh, st, 1e-6)
+        dx = torch.empty(B, T, H, hs, dtype=dtype).transpose(1, 2)
+        g = g64.to(dtype)
+        backward(
+            g.data_ptr(), x.data_ptr(), r.data_ptr(), cos.data_ptr(), sin.data_ptr(), dx.data_ptr(),
+            B, H, T, hs, sb, sh, st, *dx.stride()[:3],
+        )  # fmt: skip
+        tol = _RMS_RTOL[dtype]
+        if not torch.allclose(y.double(), want, rtol=tol, atol=tol):
+            return False
+        if not torch.allclose(dx.double(), want_dx, rtol=tol, atol=tol * want_dx.abs().max().item()):
+            return False
+    return True
+
+
+def _softmax_agrees(native: Native) -> bool:
+    """The compiled causal softmax with dropout, forward and backward, on two blocks of 3 queries over 8, 7 and 64
+    keys (a mask's words whole, split across rows, and the width of the AVX-512 rows): the probabilities and the
+    gradient within float32 rounding (float32) or one bf16 rounding (bf16) of float64's, the mask reference_keep's
+    bit for bit, att the kept probabilities exactly."""
+    gen, rows, n, seed, threshold = torch.Generator().manual_seed(6), 3, 6, 2**63 - 99, 13107 - 32768
+    for cols in (8, 7, 64):
+        s64 = torch.randn(n, cols, dtype=torch.float64, generator=gen) * 4
+        d64 = torch.randn(n, cols, dtype=torch.float64, generator=gen)
+        for dtype, (forward, backward) in native.softmax.items():
+            s, d, tol = s64.to(dtype), d64.to(dtype), _RMS_RTOL[dtype]
+            probs, att, keep = torch.empty_like(s), torch.empty_like(s), torch.empty(n, cols, dtype=torch.bool)
+            failed = ctypes.c_int32(0)
+            forward(s.data_ptr(), probs.data_ptr(), att.data_ptr(), keep.data_ptr(), 0, n, rows, cols, seed, threshold,
+                    ctypes.byref(failed))  # fmt: skip
+            kept = torch.empty(n, cols, dtype=torch.bool)
+            reference_keep(kept.view(-1), seed, threshold)
+            if failed.value or not (torch.equal(keep, kept) and torch.equal(att, probs * keep)):
+                return False
+            if not torch.allclose(probs.double(), causal_softmax_reference(s, rows), rtol=tol, atol=tol):
+                return False
+            ds = torch.empty_like(s)
+            backward(d.data_ptr(), keep.data_ptr(), probs.data_ptr(), ds.data_ptr(), 0, n, rows, cols)
+            p, dd = probs.double(), d.double() * kept
+            if not torch.allclose(ds.double(), p * (dd - (p * dd).sum(-1, keepdim=True)), rtol=tol, atol=tol):
+                return False
+    return True
+
+
+LN_CHUNK = 128  # keep_mask.c's LayerNorm backward sums the weight's gradient over chunks of this many rows
+
+
+def layer_norm_chunks(rows: int) -> int:
+    """The chunks of rows keep_mask.c's LayerNorm backward needs scratch for (2 x n floats each)."""
+    return (rows + LN_CHUNK - 1) // LN_CHUNK
+
+
+def _layer_norm_agrees(native: Native) -> bool:
+    """The compiled LayerNorm (float32 in, bf16 out) and its backward (a bf16 gradient) on rows of 64 and 383 (whole
+    and partial lanes), with and without a bias: y within one bf16 rounding of float64's, x's, the weight's and the
+    bias's gradients within float32 rounding of float64's from the same bf16 gradient."""
+    gen, eps = torch.Generator().manual_seed(8), 1e-5
+    forward, backward = native.layer_norm
+    for n, bias in ((64, True), (383, False)):
+        x = (torch.randn(5, n, dtype=torch.float64, generator=gen) * 3 + 1).float()
+        w = torch.randn(n, dtype=torch.float64, generator=gen).float()
+        b = torch.randn(n, dtype=torch.float64, generator=gen).float() if bias else None
+        g = torch.randn(5, n, dtype=torch.float64, generator=gen).to(torch.bfloat16)
+        y, mean, rstd = torch.empty(5, n, dtype=torch.bfloat16), torch.empty(5), torch.empty(5)
+        forward(x.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), mean.data_ptr(),
+                rstd.data_ptr(), 5, n, eps)  # fmt: skip
+        want = layer_norm_reference(x, w, b, eps)
+        if not torch.allclose(y.double(), want, rtol=2**-7, atol=2**-7):
+            return False
+        dx, dw, db, partial = torch.empty(5, n), torch.empty(n), torch.empty(n), torch.empty(layer_norm_chunks(5), 2, n)
+        backward(g.data_ptr(), x.data_ptr(), w.data_ptr(), mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
+                 dw.data_ptr(), db.data_ptr(), partial.data_ptr(), 5, n)  # fmt: skip
+        # the gradients by their formulas (this may run where autograd does not: no_grad, inference mode)
+        x64, g64 = x.double(), g.double()
+        rstd64 = (x64.var(-1, unbiased=False, keepdim=True) + eps).rsqrt()
+        xhat, gw = (x64 - x64.mean(-1, keepdim=True)) * rstd64, g64 * w.double()
+        want_dx = rstd64 * (gw - gw.mean(-1, keepdim=True) - xhat * (gw * xhat).mean(-1, keepdim=True))
+        got = (dx, dw, db) if b is not None else (dx, dw)
+        for mine, theirs in zip(got, (want_dx, (g64 * xhat).sum(0), g64.sum(0)), strict=False):
+            if not torch.allclose(mine.double(), theirs, rtol=1e-4, atol=1e-4 * theirs.abs().max().item()):
+                return False
+    return True
