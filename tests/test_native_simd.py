@@ -1,7 +1,7 @@
 """keep_mask.c's AVX-512 paths (attention's bf16 causal softmax with dropout, forward and backward; the bf16
-residual dropout) give the bits of its portable loops: the library built with -march=native and with -march=native
--mno-avx512f, the same inputs, the same outputs bit for bit, NaN, infinities, fully dropped and fully kept rows
-included."""
+residual dropout; the transpose's tiles) give the bits of its portable loops: the library built with -march=native
+and with -march=native -mno-avx512f, the same inputs, the same outputs bit for bit, NaN, infinities, fully dropped
+and fully kept rows included."""
 
 from __future__ import annotations
 
@@ -99,3 +99,14 @@ def test_residual_dropout_gives_the_portable_bits(builds: dict[str, ctypes.CDLL]
     assert torch.equal(keep, portable_keep) and torch.equal(out, portable_out)
     if p == 0.2 and n > 1000:
         assert 0.79 < keep.float().mean() < 0.81
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(16384, 384), (1030, 70), (33, 64), (31, 31)])
+def test_transpose_gives_torchs_copy(builds: dict[str, ctypes.CDLL], rows: int, cols: int):
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+    for name in ("avx512", "portable"):
+        transpose = builds[name].gptforge_transpose16
+        transpose.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+        out = torch.empty(cols, rows, dtype=torch.bfloat16)
+        transpose(x.data_ptr(), out.data_ptr(), rows, cols)
+        assert torch.equal(out, x.t().contiguous()), name

@@ -60,6 +60,10 @@ def every_kernel(seed: int) -> list[torch.Tensor]:
         d = torch.randn(scores.shape, generator=gen).to(dtype)
         backward(d.data_ptr(), kept.data_ptr(), probs.data_ptr(), d.data_ptr(), 0, 4 * 6 * 128, 128, 256)
         out += [probs, att, kept, d]
+    rows = torch.randn(4099, 384, generator=gen).to(torch.bfloat16)  # the transpose: whole tiles and a ragged end
+    transposed = torch.empty(384, 4099, dtype=torch.bfloat16)
+    native.native_kernels().transpose(rows.data_ptr(), transposed.data_ptr(), 4099, 384)
+    out.append(transposed)
     return out
 
 

@@ -668,3 +668,62 @@ int gptforge_fast_rows(void) { /* 1 where the AVX-512 rows are built in */
 
 CAUSAL_SOFTMAX(f32)
 CAUSAL_SOFTMAX(bf16)
+
+/* A 16-bit matrix transposed: dst (cols, rows) = src (rows, cols)^T, both contiguous, the rows split across
+ * threads in multiples of 32 (model/linear.py: the weight's gradient of a layer whose output is narrow is the
+ * product of the output's gradient transposed and the input, which oneDNN computes at twice the rate from a
+ * contiguous transposed copy). With AVX-512 (FAST_ROWS) 32 x 32 tiles, a row of 32 per register, in five rounds
+ * of two-register permutes (round s pairs rows h = 16 >> s apart and swaps their h-wide blocks); elsewhere the
+ * same tiles element by element. A copy: the same values either way. */
+#if FAST_ROWS
+#define PICK_LO(j, h) (((j) & (h)) ? 32 + (j) - (h) : (j)) /* round h's lanes from the first row of a pair */
+#define PICK_HI(j, h) (((j) & (h)) ? 32 + (j) : (j) + (h))   /* and from the second */
+#define PICKS(P, h)                                                                                                \
+    {P(0, h),  P(1, h),  P(2, h),  P(3, h),  P(4, h),  P(5, h),  P(6, h),  P(7, h),  P(8, h),  P(9, h),  P(10, h), \
+     P(11, h), P(12, h), P(13, h), P(14, h), P(15, h), P(16, h), P(17, h), P(18, h), P(19, h), P(20, h), P(21, h), \
+     P(22, h), P(23, h), P(24, h), P(25, h), P(26, h), P(27, h), P(28, h), P(29, h), P(30, h), P(31, h)}
+static const uint16_t TILE_LO[5][32] = {PICKS(PICK_LO, 16), PICKS(PICK_LO, 8), PICKS(PICK_LO, 4), PICKS(PICK_LO, 2),
+                                        PICKS(PICK_LO, 1)};
+static const uint16_t TILE_HI[5][32] = {PICKS(PICK_HI, 16), PICKS(PICK_HI, 8), PICKS(PICK_HI, 4), PICKS(PICK_HI, 2),
+                                        PICKS(PICK_HI, 1)};
+
+static inline void transpose_tile(const uint16_t *src, uint16_t *dst, int64_t rows, int64_t cols) {
+    __m512i t[32]; /* fully unrolled, the tile stays in the 32 registers */
+#pragma GCC unroll 32
+    for (int i = 0; i < 32; i++) t[i] = _mm512_loadu_si512(src + i * cols);
+#pragma GCC unroll 5
+    for (int s = 0; s < 5; s++) {
+        const int h = 16 >> s;
+        const __m512i l = _mm512_loadu_si512(TILE_LO[s]), u = _mm512_loadu_si512(TILE_HI[s]);
+#pragma GCC unroll 32
+        for (int i = 0; i < 32; i++) {
+            if (i & h) continue;
+            const __m512i a = _mm512_permutex2var_epi16(t[i], l, t[i + h]);
+            const __m512i b = _mm512_permutex2var_epi16(t[i], u, t[i + h]);
+            t[i] = a;
+            t[i + h] = b;
+        }
+    }
+#pragma GCC unroll 32
+    for (int i = 0; i < 32; i++) _mm512_storeu_si512(dst + i * rows, t[i]);
+}
+#define TRANSPOSE_TILE transpose_tile
+#else
+static inline void transpose_tile(const uint16_t *src, uint16_t *dst, int64_t rows, int64_t cols) {
+    for (int i = 0; i < 32; i++)
+        for (int j = 0; j < 32; j++) dst[j * rows + i] = src[i * cols + j];
+}
+#define TRANSPOSE_TILE transpose_tile
+#endif
+
+void gptforge_transpose16(const uint16_t *src, uint16_t *dst, int64_t rows, int64_t cols) {
+    IN_PARTS(0, rows, rows * cols, 32, {
+        const int64_t whole = lo + (hi - lo) / 32 * 32, wide = cols / 32 * 32;
+        for (int64_t band = lo; band < whole; band += 256) /* 8 tiles down, then across: dst's rows written on */
+            for (int64_t c = 0; c < wide; c += 32)
+                for (int64_t r = band; r < whole && r < band + 256; r += 32)
+                    TRANSPOSE_TILE(src + r * cols + c, dst + c * rows + r, rows, cols);
+        for (int64_t r = lo; r < hi; r++) /* the last columns, and the part's last rows */
+            for (int64_t c = r < whole ? wide : 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+    });
+}

@@ -55,6 +55,8 @@ class Native(NamedTuple):
     threads: Callable[[], int]  # the threads a large kernel runs on in the calling thread (1 without OpenMP)
     layer_norm: tuple[Callable[..., None], Callable[..., None]]  # float32 -> bf16 LayerNorm, its backward
     residual: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # x + dropout(y) by y's dtype
+    transpose: Callable[..., None]  # a 16-bit matrix transposed into another
+    fast_rows: bool  # built with its AVX-512 paths (the softmax's and residual's rows, the transpose's tiles)
 
 
 # RMSNorm's compiled (input, output) dtype pairs: float32 in and out, bf16 written from float32 (a block's norm
@@ -147,6 +149,9 @@ def _load() -> tuple[Native | None, str]:
             forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float]
             backward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float]
             residual[dtype] = (forward, backward)
+        transpose, fast_rows = library.gptforge_transpose16, library.gptforge_fast_rows
+        transpose.argtypes, transpose.restype = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2, None
+        fast_rows.argtypes, fast_rows.restype = [], ctypes.c_int
     except AttributeError as e:
         return None, f"the compiled kernel could not be built or loaded ({e})"
     pairs = (*rope_rms.values(), *softmax.values(), layer_norm, *residual.values())
@@ -162,6 +167,8 @@ def _load() -> tuple[Native | None, str]:
         threads,
         layer_norm,
         residual,
+        transpose,
+        bool(fast_rows()),
     )
     if not (_agrees(native) and _residual_agrees(native)):
         return None, f"the compiled kernel ({path}) does not reproduce reference_keep and torch's masked products"
@@ -171,7 +178,22 @@ def _load() -> tuple[Native | None, str]:
         return None, f"the compiled kernel's causal softmax ({path}) does not agree with float64's and keep_mask's"
     if not _layer_norm_agrees(native):
         return None, f"the compiled kernel's LayerNorm ({path}) does not agree with float64's"
+    if not _transpose_agrees(native):
+        return None, f"the compiled kernel's transpose ({path}) does not give torch's transposed copy"
     return native, ""
+
+
+def _transpose_agrees(native: Native) -> bool:
+    """The compiled transpose gives torch's transposed copy, on whole 32 x 32 tiles, partial ones and a part's last
+    rows (split across threads)."""
+    gen = torch.Generator().manual_seed(11)
+    for rows, cols in ((64, 96), (33, 64), (100, 45), (1030, 70)):
+        x = torch.randn(rows, cols, generator=gen).to(torch.bfloat16)
+        out = torch.empty(cols, rows, dtype=torch.bfloat16)
+        native.transpose(x.data_ptr(), out.data_ptr(), rows, cols)
+        if not torch.equal(out, x.t().contiguous()):
+            return False
+    return True
 
 
 def c_compiler() -> str | None:
