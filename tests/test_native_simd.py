@@ -72,6 +72,7 @@ def test_causal_softmax_rows_give_the_portable_bits(builds: dict[str, ctypes.CDL
     s[0, 0, 0], s[2, -1, 1] = float("nan"), float("inf")  # a NaN row, an infinite score
     s[1, -1, :] = float("-inf")  # a row of -inf scores: NaN probabilities, as torch's softmax gives
     d[3, -1, :3], d[4] = float("nan"), -d[4].abs()  # NaN gradients; negative ones (signed zeros where dropped)
+    s[5, -1, :] = torch.linspace(-95.0, 0.0, cols)  # scores at e^x's edge (x < -87 gives 0)
     fast, portable = (softmax_both_ways(builds[name], s, d, rows, p) for name in ("avx512", "portable"))
     for name, a, b in zip(("probs", "att", "keep", "ds"), fast, portable, strict=True):
         assert torch.equal(a, b), f"{name} differs at rows={rows} cols={cols} p={p}"

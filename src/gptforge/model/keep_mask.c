@@ -123,7 +123,8 @@ static inline __m256i float16_to_bf16(__m512 f) { /* float_to_bf16 on 16 lanes *
     const __m512i u = _mm512_castps_si512(f);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
-    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0)));
 }
 
 static inline __mmask32 draw32(uint64_t seed, uint64_t word, int32_t threshold) {
@@ -133,8 +134,10 @@ static inline __mmask32 draw32(uint64_t seed, uint64_t word, int32_t threshold) 
     __m512i z = _mm512_add_epi64(_mm512_set1_epi64((long long)(seed + (word + 1) * golden)),
                                  _mm512_mullo_epi64(_mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
                                                     _mm512_set1_epi64((long long)golden)));
-    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), _mm512_set1_epi64((long long)0xbf58476d1ce4e5b9ULL));
-    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), _mm512_set1_epi64((long long)0x94d049bb133111ebULL));
+    const __m512i mix1 = _mm512_set1_epi64((long long)0xbf58476d1ce4e5b9ULL);
+    const __m512i mix2 = _mm512_set1_epi64((long long)0x94d049bb133111ebULL);
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), mix1);
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), mix2);
     z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
     return _mm512_cmpge_epi16_mask(z, _mm512_set1_epi16((int16_t)threshold));
 }
@@ -169,7 +172,8 @@ static int64_t residual_fast_bf16(const float *x, const uint16_t *y, uint8_t *ke
         _mm256_storeu_si256((__m256i *)(keep + i), _mm256_maskz_set1_epi8(kept, 1));
         for (int64_t c = i; c < i + 32; c += 16) {
             const __m512 k = _mm512_maskz_mov_ps((__mmask16)(kept >> (c - i)), one);
-            const __m512 v = _mm512_mul_ps(_mm512_mul_ps(bf16x16_to_float(_mm256_loadu_si256((const __m256i *)(y + c))), k), s);
+            const __m512 yc = bf16x16_to_float(_mm256_loadu_si256((const __m256i *)(y + c)));
+            const __m512 v = _mm512_mul_ps(_mm512_mul_ps(yc, k), s);
             _mm512_storeu_ps(out + c, _mm512_add_ps(_mm512_loadu_ps(x + c), bf16x16_to_float(float16_to_bf16(v))));
         }
     }
@@ -463,7 +467,7 @@ static inline float order_float(int32_t k) {
 
 /* The bf16 causal softmax's rows with AVX-512 (F, BW, VL, DQ: where -march=native gives them), for rows whose
  * width is a multiple of 32 (attention's blocks): the same operations as the portable loops in the same order, so
- * the same bits (the load-time check covers such a width; tests/test_native_threads.py compares the library
+ * the same bits (the load-time check covers such a width; tests/test_native_simd.py compares the library
  * built without AVX-512 bit for bit), in 512-bit registers that the compiler's own vectorisation of those loops
  * (256-bit, one draw at a time) does not reach: the maximum on bf16's ordered integers 32 at a time, reduced in
  * registers; e^x with scalef for the 2^n; 8 mask words at a time (draw32), their comparison giving the kept lanes
@@ -523,11 +527,13 @@ static void softmax_row_fast_bf16(const uint16_t *sr, uint16_t *pr, uint16_t *ar
         _mm256_storeu_si256((__m256i *)(kr + i), _mm256_maskz_set1_epi8(kept, 1));
         for (int64_t c = i; c < i + 32; c += 16) {
             const __mmask16 k = (__mmask16)(kept >> (c - i));
-            const __m256i p = c < up ? float16_to_bf16(_mm512_mul_ps(_mm512_loadu_ps(e + c), inverse)) : _mm256_setzero_si256();
+            const __m256i p =
+                c < up ? float16_to_bf16(_mm512_mul_ps(_mm512_loadu_ps(e + c), inverse)) : _mm256_setzero_si256();
             _mm256_storeu_si256((__m256i *)(pr + c), p);
             /* probs * keep: p where kept, 0 where not, but a dropped NaN stays NaN */
             const __mmask16 dropped_nan = (__mmask16)(~k & _mm256_cmpeq_epi16_mask(p, nan));
-            _mm256_storeu_si256((__m256i *)(ar + c), _mm256_mask_mov_epi16(_mm256_maskz_mov_epi16(k, p), dropped_nan, nan));
+            const __m256i a = _mm256_mask_mov_epi16(_mm256_maskz_mov_epi16(k, p), dropped_nan, nan);
+            _mm256_storeu_si256((__m256i *)(ar + c), a);
         }
     }
 }
