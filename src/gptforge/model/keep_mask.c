@@ -1,8 +1,10 @@
 /* gptforge's compiled CPU kernels: dropout masks and their application (model/masks.py), a residual connection
  * with dropout, RMSNorm (alone and after rotary) and LayerNorm into bf16, forward and backward in one pass over
- * each row (model/layers.py), and attention's causal softmax with dropout (model/attention.py); model/native.py
- * compiles this file on first use and checks every function against torch's masks, torch's bits or float64 before
- * using it.
+ * each row (model/layers.py), attention's causal softmax with dropout (model/attention.py), and a 16-bit transpose
+ * (model/linear.py); model/native.py compiles this file on first use and checks every function against torch's
+ * masks, torch's bits or float64 before using it. One file, past the house's ~500 lines on purpose: one source is
+ * what native.py hashes, builds and caches, and the kernels share its threading (IN_PARTS), its bf16 conversions
+ * and its AVX-512 helpers (FAST_ROWS).
  *
  * Dropout masks: keep[i] is lane i % 4 (16 bits, little-endian order) of word i / 4, read as a signed
  * 16-bit integer, compared with `threshold`; word j is SplitMix64's output for the state seed + (j + 1) * golden.
