@@ -578,8 +578,8 @@ static void softmax_back_row_fast_bf16(const uint16_t *dr, const uint8_t *kr, co
 #define SOFTMAX_FAST_ROW_f32(...) (void)0
 #define SOFTMAX_FAST_BACK_ROW_f32(...) (void)0
 
-int gptforge_fast_rows(void) { /* 1 where the AVX-512 rows are built in */
-    return SOFTMAX_FAST_bf16(32);
+int gptforge_fast_rows(void) { /* 1 where the AVX-512 paths are built in */
+    return FAST_ROWS;
 }
 
 #define CAUSAL_SOFTMAX(T)                                                                                          \
@@ -715,13 +715,11 @@ static inline void transpose_tile(const uint16_t *src, uint16_t *dst, int64_t ro
 #pragma GCC unroll 32
     for (int i = 0; i < 32; i++) _mm512_storeu_si512(dst + i * rows, t[i]);
 }
-#define TRANSPOSE_TILE transpose_tile
 #else
 static inline void transpose_tile(const uint16_t *src, uint16_t *dst, int64_t rows, int64_t cols) {
     for (int i = 0; i < 32; i++)
         for (int j = 0; j < 32; j++) dst[j * rows + i] = src[i * cols + j];
 }
-#define TRANSPOSE_TILE transpose_tile
 #endif
 
 void gptforge_transpose16(const uint16_t *src, uint16_t *dst, int64_t rows, int64_t cols) {
@@ -730,7 +728,7 @@ void gptforge_transpose16(const uint16_t *src, uint16_t *dst, int64_t rows, int6
         for (int64_t band = lo; band < whole; band += 256) /* 8 tiles down, then across: dst's rows written on */
             for (int64_t c = 0; c < wide; c += 32)
                 for (int64_t r = band; r < whole && r < band + 256; r += 32)
-                    TRANSPOSE_TILE(src + r * cols + c, dst + c * rows + r, rows, cols);
+                    transpose_tile(src + r * cols + c, dst + c * rows + r, rows, cols);
         for (int64_t r = lo; r < hi; r++) /* the last columns, and the part's last rows */
             for (int64_t c = r < whole ? wide : 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
     });
