@@ -170,3 +170,18 @@ def whole_and_resumed(data_dir: Path, tmp_path: Path, run: dict) -> tuple[dict, 
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     return a, b
+
+
+def loss_and_grads(model, idx, seed: int | None = None, bf16: bool = True, **kwargs):
+    """One training step's loss and gradients of `model` on idx (its own targets), under bf16 CPU autocast unless
+    bf16 is False: (the loss, {parameter name: a copy of its gradient}); `seed` reseeds torch's generator first
+    (the same dropout masks on every call); kwargs go to the model."""
+    import torch
+
+    model.zero_grad()
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        _, loss = model(idx, idx, **kwargs)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gptforge.model.gpt as model_module
+from conftest import loss_and_grads
 from gptforge.model import attention as attn
 from gptforge.model import mask_reference, masks, native
 from gptforge.model.gpt import GPT, GPTConfig
@@ -204,20 +205,16 @@ def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch, pac
     idx = torch.randint(0, 37, (3, 16), generator=gen)
     positions = torch.tensor([list(range(16)), list(range(5)) + list(range(11)), list(range(9)) + list(range(7))])
 
-    def loss_and_grads(own: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def attended(own: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         monkeypatch.setattr(model_module, "own_attention_pays", attn.own_attention_pays if own else lambda q: False)
-        model.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, loss = model(idx, idx, positions=positions if packed else None)
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+        return loss_and_grads(model, idx, positions=positions if packed else None)
 
-    own_loss, own_grads = loss_and_grads(own=True)
+    own_loss, own_grads = attended(own=True)
     assert len(calls) == 2  # both layers
-    sdpa_loss, sdpa_grads = loss_and_grads(own=False)
+    sdpa_loss, sdpa_grads = attended(own=False)
     assert len(calls) == 2
     torch.testing.assert_close(own_loss, sdpa_loss, rtol=1e-2, atol=0)
-    for mine, theirs in zip(own_grads, sdpa_grads, strict=True):
+    for mine, theirs in zip(own_grads.values(), sdpa_grads.values(), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0.05, atol=2e-3)
     evaluations = []
     for own in (True, False):
@@ -237,7 +234,7 @@ def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch, pac
         amx_evaluation = model(idx, idx, positions=positions if packed else None)[1]
     assert len(calls) == 4  # SDPA's
     torch.testing.assert_close(amx_evaluation, evaluations[0], rtol=1e-2, atol=0)
-    loss_and_grads(own=True)
+    attended(own=True)
     assert len(calls) == 6  # training still takes the own attention
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from conftest import loss_and_grads
 from gptforge.model import layers, native
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.mask_reference import layer_norm_reference
@@ -77,26 +78,19 @@ def test_the_model_under_bf16_autocast_takes_it_with_torchs_loss():
     model = GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=2, n_embd=64, dropout=0.0, bias=True))
     idx = torch.randint(0, 65, (4, 64), generator=torch.Generator().manual_seed(2))
 
-    def loss_and_grads():
-        model.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, loss = model(idx, idx)
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
     calls, real = [], layers.LayerNormToBf16.apply
     layers.LayerNormToBf16.apply = lambda *a: calls.append(1) or real(*a)
     try:
-        mine = loss_and_grads()
+        mine = loss_and_grads(model, idx)
     finally:
         layers.LayerNormToBf16.apply = real
     assert len(calls) == 5
     forward = layers.LayerNorm.forward
     layers.LayerNorm.forward = nn.LayerNorm.forward
     try:
-        theirs = loss_and_grads()
+        theirs = loss_and_grads(model, idx)
     finally:
         layers.LayerNorm.forward = forward
     torch.testing.assert_close(mine[0], theirs[0], rtol=1e-2, atol=0)
-    for a, b in zip(mine[1], theirs[1], strict=True):
+    for a, b in zip(mine[1].values(), theirs[1].values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0.05, atol=0.02 * b.abs().max().item())

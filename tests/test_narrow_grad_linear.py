@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from conftest import loss_and_grads
 from gptforge.model import linear, native
 from gptforge.model.gpt import GPT, GPTConfig
 
@@ -84,17 +85,10 @@ def test_a_model_trains_through_it_with_torchs_loss(counted, monkeypatch):
     model = GPT(GPTConfig(block_size=256, vocab_size=65, n_layer=2, n_head=2, n_embd=64, dropout=0.0, bias=False))
     idx = torch.randint(0, 65, (16, 256), generator=torch.Generator().manual_seed(2))
 
-    def loss_and_grads():
-        model.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, loss = model(idx, idx)
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    mine = loss_and_grads()
+    mine = loss_and_grads(model, idx)
     assert len(counted) == 2  # each block's MLP projection
     monkeypatch.setattr(linear, "cpu_has_amx", lambda: False)
-    theirs = loss_and_grads()
+    theirs = loss_and_grads(model, idx)
     assert torch.equal(mine[0], theirs[0])  # the forward is torch's
     for name, grad in mine[1].items():
         if name.endswith("mlp.c_proj.weight"):

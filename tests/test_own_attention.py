@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import loss_and_grads
 from gptforge.model import attention as attn
 from gptforge.model import layers, masks, native
 from gptforge.model.attention import attention
@@ -224,19 +225,11 @@ def test_the_model_splits_heads_once_for_the_own_attention_with_the_same_result(
     model.use_fast_dropout(True)
     idx = torch.randint(0, 37, (2, 128), generator=torch.Generator().manual_seed(1))
 
-    def loss_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad()
-        torch.manual_seed(2)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, loss = model(idx, idx)
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-    split_loss, split_grads = loss_and_grads()
+    split_loss, split_grads = loss_and_grads(model, idx, seed=2)
     assert len(calls) == 2  # both layers
     views = lambda qkv, nh: [t.view(*t.shape[:2], nh, -1).transpose(1, 2) for t in qkv.chunk(3, -1)]  # noqa: E731
     monkeypatch.setattr(gpt_module, "split_heads", views)
-    view_loss, view_grads = loss_and_grads()
+    view_loss, view_grads = loss_and_grads(model, idx, seed=2)
     assert torch.equal(split_loss, view_loss)
-    for mine, theirs in zip(split_grads, view_grads, strict=True):
+    for mine, theirs in zip(split_grads.values(), view_grads.values(), strict=True):
         assert torch.equal(mine, theirs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import loss_and_grads
 from gptforge.model import layers
 from gptforge.model.gpt import GPT, GPTConfig
 
@@ -20,21 +21,13 @@ def test_residual_dropout_gives_the_bits_of_the_sum_it_replaces(dtype, monkeypat
     model.use_fast_dropout(True)
     idx = torch.randint(0, 65, (4, 64), generator=torch.Generator().manual_seed(1))
 
-    def loss_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad()
-        torch.manual_seed(2)  # the same masks' seeds
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            _, loss = model(idx, idx)
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-    fused = loss_and_grads()
+    fused = loss_and_grads(model, idx, seed=2, bf16=dtype == torch.bfloat16)  # seed: the same masks each time
     assert len(calls) == 4  # two blocks, two connections each
     monkeypatch.setattr(layers.Dropout, "add_to", lambda self, x, y: x + self(y))  # the sum, as before
-    summed = loss_and_grads()
+    summed = loss_and_grads(model, idx, seed=2, bf16=dtype == torch.bfloat16)
     assert len(calls) == 4
     assert torch.equal(fused[0], summed[0])
-    for a, b in zip(fused[1], summed[1], strict=True):
+    for a, b in zip(fused[1].values(), summed[1].values(), strict=True):
         assert torch.equal(a, b)
     model.eval()  # evaluation: no dropout, the plain sum
     with torch.no_grad():
