@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from conftest import loss_and_grads
+from gptforge.core.device import cpu_bf16_autocast
 from gptforge.model import layers, native
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.mask_reference import layer_norm_reference
@@ -69,6 +70,19 @@ def test_layer_norm_elsewhere_is_torchs():
     assert torch.equal(norm(x), torch_norm(x))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(norm(x.bfloat16()), torch_norm(x.bfloat16()))
+
+
+def test_the_condition_is_bf16_cpu_autocast_only():
+    """core.device.cpu_bf16_autocast, the condition LayerNorm and NarrowGradLinear share: CPU tensors under CPU autocast
+    in bf16; not float16 autocast (where LayerNorm stays torch's), not outside autocast, not another device."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(2))
+    norm, torch_norm = layers.LayerNorm(64), nn.LayerNorm(64)
+    assert not cpu_bf16_autocast(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert cpu_bf16_autocast(x) and not cpu_bf16_autocast(x.to("meta"))
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert not cpu_bf16_autocast(x)
+        assert torch.equal(norm(x), torch_norm(x))
 
 
 def test_the_model_under_bf16_autocast_takes_it_with_torchs_loss():

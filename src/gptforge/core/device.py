@@ -72,6 +72,13 @@ def cpu_has_amx() -> bool:
     return bool(torch.cpu._is_amx_tile_supported())
 
 
+def cpu_bf16_autocast(x: torch.Tensor) -> bool:
+    """x is on the CPU and CPU autocast is on in bf16: where keep_mask.c's bf16 layers (LayerNormToBf16,
+    NarrowGradLinear) take over from torch's float32 operation and autocast's conversion."""
+    on = x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+    return on and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
 def onednn_nt(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """a @ b.T (+ bias) by oneDNN's matmul, whatever torch's BLAS is: a (M, K), b (N, K), either may be a transposed
     view. float32 on an x86-64 CPU where onednn_f32_available()."""

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from gptforge.core.device import cpu_bf16_autocast
 from gptforge.model import masks
 from gptforge.model.mask_reference import keep_threshold
 from gptforge.model.masks import apply_mask, keep_mask
@@ -234,9 +235,7 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
-            x.device.type == "cpu"
-            and torch.is_autocast_enabled("cpu")
-            and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            cpu_bf16_autocast(x)
             and x.dtype == torch.float32
             and type(self.weight) is nn.Parameter  # not an FSDP shard (a DTensor)
             and self.weight.dtype == torch.float32

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptforge.core.device import cpu_has_amx, onednn_nt
+from gptforge.core.device import cpu_bf16_autocast, cpu_has_amx, onednn_nt
 from gptforge.model.native import native_kernels
 
 MIN_MACS = 1 << 20  # products smaller than this (a decode step's rows) keep torch's: oneDNN's call costs more
@@ -123,11 +123,9 @@ class Linear(nn.Linear):
         multiple of 32 out, enough tokens."""
         w = self.weight
         if not (
-            x.device.type == "cpu"
+            cpu_bf16_autocast(x)
             and torch.is_grad_enabled()
             and w.requires_grad
-            and torch.is_autocast_enabled("cpu")
-            and torch.get_autocast_dtype("cpu") == torch.bfloat16
             and 2 * w.size(0) <= w.size(1)
             and w.size(0) % 32 == 0  # whole tiles of the transpose (not a 65-character head)
             and x.dim() >= 2
