@@ -19,6 +19,7 @@ from gptforge.model.layers import (
     Dropout,
     KVCache,
     LayerNorm,
+    ReLU2,
     RMSNorm,
     add_dropped,
     apply_rotary,
@@ -109,29 +110,6 @@ class CausalSelfAttention(nn.Module):
         if residual is not None:
             return add_dropped(self.resid_dropout, residual, self.c_proj(y))
         return self.resid_dropout(self.c_proj(y))
-
-
-class ReLU2(nn.Module):
-    """relu(x)^2 (nanochat's and modded-nanogpt's MLP activation), as one autograd step (SquaredReLU)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return SquaredReLU.apply(x)
-
-
-class SquaredReLU(torch.autograd.Function):
-    """relu(x)^2 in x's dtype: r * r, not square() (autocast would compute pow in float32 and copy the widest
-    activation of the block twice), keeping only relu(x) for the gradient 2 relu(x)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        r = F.relu(x)
-        ctx.save_for_backward(r)
-        return r * r
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        (r,) = ctx.saved_tensors
-        return (grad * r).mul_(2.0)
 
 
 class MLP(nn.Module):

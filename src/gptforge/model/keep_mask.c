@@ -367,6 +367,27 @@ void gptforge_layer_norm_back_bf16_f32(const uint16_t *g, const float *x, const 
 RESIDUAL_DROPOUT(f32)
 RESIDUAL_DROPOUT(bf16)
 
+/* relu(x)^2, the MLP's activation in the modern recipe (model/gpt.py SquaredReLU), and its gradient, one pass each
+ * way in x's type: h = r r with r = relu(x) (x < 0 ? 0 : x: -0 and NaN stay, as torch's relu leaves them), rounded
+ * once; dx = 2 (g r), g r rounded to the type first. The bits of torch's `r * r` and `(g * r).mul_(2)`, which take
+ * two passes each way and keep r; the backward recomputes r from x. */
+#define RELU2(T)                                                                                                   \
+    void gptforge_relu2_##T(const TYPE_##T *x, TYPE_##T *h, int64_t n) {                                          \
+        IN_PARTS(0, n, n, 64, for (int64_t i = lo; i < hi; i++) {                                                 \
+            const float v = LOAD_##T(x, i), r = v < 0.0f ? 0.0f : v;                                               \
+            STORE_##T(h, i, r * r);                                                                                \
+        });                                                                                                        \
+    }                                                                                                              \
+    void gptforge_relu2_back_##T(const TYPE_##T *g, const TYPE_##T *x, TYPE_##T *dx, int64_t n) {                 \
+        IN_PARTS(0, n, n, 64, for (int64_t i = lo; i < hi; i++) {                                                 \
+            const float v = LOAD_##T(x, i), r = v < 0.0f ? 0.0f : v;                                               \
+            STORE_##T(dx, i, ROUND_##T(LOAD_##T(g, i) * r) * 2.0f);                                                \
+        });                                                                                                        \
+    }
+
+RELU2(f32)
+RELU2(bf16)
+
 RMS_FORWARD(f32, f32)
 RMS_FORWARD(f32, bf16)
 RMS_FORWARD(bf16, bf16)

@@ -55,6 +55,7 @@ class Native(NamedTuple):
     threads: Callable[[], int]  # the threads a large kernel runs on in the calling thread (1 without OpenMP)
     layer_norm: tuple[Callable[..., None], Callable[..., None]]  # float32 -> bf16 LayerNorm, its backward
     residual: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # x + dropout(y) by y's dtype
+    relu2: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # relu(x)^2, its gradient, by dtype
     transpose: Callable[..., None]  # a 16-bit matrix transposed into another
     fast_rows: bool  # built with its AVX-512 paths (the softmax's and residual's rows, the transpose's tiles)
 
@@ -149,12 +150,17 @@ def _load() -> tuple[Native | None, str]:
             forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float]
             backward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float]
             residual[dtype] = (forward, backward)
+        relu2 = {}
+        for dtype, name in _C_NAMES.items():
+            relu2[dtype] = (getattr(library, f"gptforge_relu2_{name}"), getattr(library, f"gptforge_relu2_back_{name}"))
+            relu2[dtype][0].argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64]
+            relu2[dtype][1].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
         transpose, fast_rows = library.gptforge_transpose16, library.gptforge_fast_rows
         transpose.argtypes, transpose.restype = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2, None
         fast_rows.argtypes, fast_rows.restype = [], ctypes.c_int
     except AttributeError as e:
         return None, f"the compiled kernel could not be built or loaded ({e})"
-    pairs = (*rope_rms.values(), *softmax.values(), layer_norm, *residual.values())
+    pairs = (*rope_rms.values(), *softmax.values(), layer_norm, *residual.values(), *relu2.values())
     for function in (*rms.values(), *rms_back.values(), *(f for pair in pairs for f in pair)):
         function.restype = None
     native = Native(
@@ -167,10 +173,11 @@ def _load() -> tuple[Native | None, str]:
         threads,
         layer_norm,
         residual,
+        relu2,
         transpose,
         bool(fast_rows()),
     )
-    if not (_agrees(native) and _residual_agrees(native)):
+    if not (_agrees(native) and _residual_agrees(native) and _relu2_agrees(native)):
         return None, f"the compiled kernel ({path}) does not reproduce reference_keep and torch's masked products"
     if not (_rms_agrees(native) and _rope_rms_agrees(native)):
         return None, f"the compiled kernel's RMSNorm ({path}) does not agree with float64's"
@@ -305,6 +312,24 @@ def _residual_agrees(native: Native) -> bool:
         dy = torch.empty(n, dtype=dtype)
         backward(values.data_ptr(), kept.data_ptr(), dy.data_ptr(), n, scale)
         if not same_bits(dy, torch_masked(values.to(dtype), kept, scale)):
+            return False
+    return True
+
+
+def _relu2_agrees(native: Native) -> bool:
+    """relu(x)^2 and its gradient give torch's bits (`r * r`, `(g * r).mul_(2)`, r = relu(x)), special values in x and
+    in the gradient, over a length split across threads with a tail."""
+    n = 70001
+    gen = torch.Generator().manual_seed(13)
+    special = torch.tensor(SPECIAL * 2)
+    x, g = (torch.cat([special, torch.randn(n - len(special), generator=gen)]) for _ in range(2))
+    for dtype, (forward, backward) in native.relu2.items():
+        xd, gd = x.to(dtype), g.flip(0).to(dtype)
+        h, dx = torch.empty_like(xd), torch.empty_like(xd)
+        forward(xd.data_ptr(), h.data_ptr(), n)
+        backward(gd.data_ptr(), xd.data_ptr(), dx.data_ptr(), n)
+        r = torch.relu(xd)
+        if not (same_bits(h, r * r) and same_bits(dx, (gd * r).mul_(2.0))):
             return False
     return True
 
