@@ -401,13 +401,20 @@ RMS_BACKWARD(bf16, bf16)
  * rotation keeps the sum of squares: r is taken from x), in float32, rounded once into y, contiguous (B, H, T, hs).
  * cos and sin: float32 (T, hs/2). The backward turns g back by the opposite angles, then RMSNorm's gradient:
  * dx = u r + x c, u = the turned g, c = -r^3 mean(u x), written at dx + b db + h dh + t dt. hs <= 1024. */
+/* the next row's (batch, head, position), from the row before it (t starts one before a part's first row) */
+#define NEXT_ROW(b, h, t, H, Tn)                                                                                   \
+    if (++(t) == (Tn)) {                                                                                           \
+        (t) = 0;                                                                                                   \
+        if (++(h) == (H)) (h) = 0, (b)++;                                                                          \
+    }
 #define ROPE_RMS(T)                                                                                                \
     void gptforge_rope_rms_##T(const TYPE_##T *x, TYPE_##T *y, float *r, const float *cos, const float *sin,       \
                                int64_t B, int64_t H, int64_t Tn, int64_t hs, int64_t sb, int64_t sh, int64_t st,    \
                                float eps) {                                                                        \
         const int64_t half = hs / 2;                                                                               \
-        IN_PARTS(0, B * H * Tn, B * H * Tn * hs, 1, for (int64_t row = lo; row < hi; row++) {                     \
-                    const int64_t b = row / (H * Tn), h = row / Tn % H, t = row % Tn;                              \
+        IN_PARTS(0, B * H * Tn, B * H * Tn * hs, 1, int64_t b = lo / (H * Tn), h = lo / Tn % H, t = lo % Tn - 1;  \
+                 for (int64_t row = lo; row < hi; row++) {                                                         \
+                    NEXT_ROW(b, h, t, H, Tn);                                                                      \
                     const TYPE_##T *xr = x + b * sb + h * sh + t * st;                                             \
                     TYPE_##T *yr = y + row * hs;                                                                   \
                     const float *cr = cos + t * half, *sr = sin + t * half;                                        \
@@ -424,8 +431,10 @@ RMS_BACKWARD(bf16, bf16)
                                     const float *sin, TYPE_##T *dx, int64_t B, int64_t H, int64_t Tn, int64_t hs,   \
                                     int64_t sb, int64_t sh, int64_t st, int64_t db, int64_t dh, int64_t dt) {       \
         const int64_t half = hs / 2;                                                                               \
-        IN_PARTS(0, B * H * Tn, B * H * Tn * hs, 1, float u[1024]; for (int64_t row = lo; row < hi; row++) {      \
-                    const int64_t b = row / (H * Tn), h = row / Tn % H, t = row % Tn;                              \
+        IN_PARTS(0, B * H * Tn, B * H * Tn * hs, 1, float u[1024];                                                 \
+                 int64_t b = lo / (H * Tn), h = lo / Tn % H, t = lo % Tn - 1;                                      \
+                 for (int64_t row = lo; row < hi; row++) {                                                         \
+                    NEXT_ROW(b, h, t, H, Tn);                                                                      \
                     const TYPE_##T *xr = x + b * sb + h * sh + t * st;                                             \
                     TYPE_##T *dr = dx + b * db + h * dh + t * dt;                                                  \
                     const TYPE_##T *gr = g + row * hs;                                                             \
