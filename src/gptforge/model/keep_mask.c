@@ -367,6 +367,12 @@ void gptforge_layer_norm_back_bf16_f32(const uint16_t *g, const float *x, const 
 RESIDUAL_DROPOUT(f32)
 RESIDUAL_DROPOUT(bf16)
 
+/* A residual connection without dropout under autocast, x + y with the stream x float32 and the branch y bf16, in
+ * one pass: torch's sum converts y into a float32 copy first. The same bits (y's value is exact in float32). */
+void gptforge_add_bf16(const float *x, const uint16_t *y, float *out, int64_t n) {
+    IN_PARTS(0, n, n, 64, for (int64_t i = lo; i < hi; i++) out[i] = x[i] + bf16_to_float(y[i]););
+}
+
 /* relu(x)^2, the MLP's activation in the modern recipe (model/gpt.py SquaredReLU), and its gradient, one pass each
  * way in x's type: h = r r with r = relu(x) (x < 0 ? 0 : x: -0 and NaN stay, as torch's relu leaves them), rounded
  * once; dx = 2 (g r), g r rounded to the type first. The bits of torch's `r * r` and `(g * r).mul_(2)`, which take

@@ -104,7 +104,8 @@ class Dropout(nn.Dropout):
         """x + self(y): a residual connection with dropout on its branch. With fast_dropout in training on a CPU
         (x float32, y float32 or bf16, the compiled kernel), one pass forward and one back by keep_mask.c
         (ResidualDropout): the same mask and the same bits as the sum of this module's output, in half the passes
-        over memory; otherwise that sum."""
+        over memory. Without dropout (p 0 or evaluation), a float32 x and a bf16 y (autocast's branch output) on a
+        CPU: their sum in one pass (ResidualAdd), its bits. Otherwise that sum."""
         if (
             self.fast_dropout
             and self.training
@@ -117,6 +118,8 @@ class Dropout(nn.Dropout):
             and native_kernels() is not None
         ):
             return ResidualDropout.apply(x, y, self.p)
+        if (not self.training or self.p == 0.0) and _add_kernel(x, y) is not None:
+            return ResidualAdd.apply(x, y)  # no dropout: the sum, in one pass
         return x + self(y)
 
 
@@ -149,6 +152,33 @@ class ResidualDropout(torch.autograd.Function):
         dy = torch.empty(grad.shape, dtype=ctx.y_dtype)
         backward(grad.data_ptr(), keep.data_ptr(), dy.data_ptr(), grad.numel(), 1.0 / (1.0 - ctx.p))
         return grad, dy, None
+
+
+def _add_kernel(x: torch.Tensor, y: torch.Tensor):  # noqa: ANN202 - a ctypes function or None
+    """keep_mask.c's float32 + bf16 sum for plain CPU tensors of one shape, outside torch.compile."""
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and y.dtype == torch.bfloat16 and x.shape == y.shape):
+        return None
+    if type(x) is not torch.Tensor or type(y) is not torch.Tensor or torch.compiler.is_compiling():
+        return None
+    native = native_kernels()
+    return None if native is None else native.add_bf16
+
+
+class ResidualAdd(torch.autograd.Function):
+    """x + y, x float32 and y bf16, by keep_mask.c (Dropout.add_to without dropout): y's values read as they are,
+    where torch's sum converts them into a float32 copy first; backward: x's gradient is the sum's, y's the sum's
+    rounded to bf16 (autograd's conversion). torch's bits both ways."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        x, y = x.contiguous(), y.contiguous()
+        out = torch.empty_like(x)
+        native_kernels().add_bf16(x.data_ptr(), y.data_ptr(), out.data_ptr(), x.numel())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+        return grad, grad.to(torch.bfloat16)
 
 
 RMS_EPS = 1e-6  # Hugging Face's NanoChat

@@ -56,6 +56,7 @@ class Native(NamedTuple):
     layer_norm: tuple[Callable[..., None], Callable[..., None]]  # float32 -> bf16 LayerNorm, its backward
     residual: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # x + dropout(y) by y's dtype
     relu2: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # relu(x)^2, its gradient, by dtype
+    add_bf16: Callable[..., None]  # a float32 x plus a bf16 y into float32
     transpose: Callable[..., None]  # a 16-bit matrix transposed into another
     fast_rows: bool  # built with its AVX-512 paths (the softmax's and residual's rows, the transpose's tiles)
 
@@ -155,6 +156,8 @@ def _load() -> tuple[Native | None, str]:
             relu2[dtype] = (getattr(library, f"gptforge_relu2_{name}"), getattr(library, f"gptforge_relu2_back_{name}"))
             relu2[dtype][0].argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64]
             relu2[dtype][1].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+        add_bf16 = library.gptforge_add_bf16
+        add_bf16.argtypes, add_bf16.restype = [ctypes.c_void_p] * 3 + [ctypes.c_int64], None
         transpose, fast_rows = library.gptforge_transpose16, library.gptforge_fast_rows
         transpose.argtypes, transpose.restype = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2, None
         fast_rows.argtypes, fast_rows.restype = [], ctypes.c_int
@@ -174,10 +177,11 @@ def _load() -> tuple[Native | None, str]:
         layer_norm,
         residual,
         relu2,
+        add_bf16,
         transpose,
         bool(fast_rows()),
     )
-    if not (_agrees(native) and _residual_agrees(native) and _relu2_agrees(native)):
+    if not (_agrees(native) and _residual_agrees(native) and _relu2_agrees(native) and _add_agrees(native)):
         return None, f"the compiled kernel ({path}) does not reproduce reference_keep and torch's masked products"
     if not (_rms_agrees(native) and _rope_rms_agrees(native)):
         return None, f"the compiled kernel's RMSNorm ({path}) does not agree with float64's"
@@ -314,6 +318,18 @@ def _residual_agrees(native: Native) -> bool:
         if not same_bits(dy, torch_masked(values.to(dtype), kept, scale)):
             return False
     return True
+
+
+def _add_agrees(native: Native) -> bool:
+    """A float32 x plus a bf16 y gives torch's sum's bits (special values in both, a tail past the threads' parts)."""
+    n = 70001
+    gen = torch.Generator().manual_seed(14)
+    special = torch.tensor(SPECIAL * 2)
+    x, y = (torch.cat([special, torch.randn(n - len(special), generator=gen)]) for _ in range(2))
+    y = y.flip(0).to(torch.bfloat16)
+    out = torch.empty(n)
+    native.add_bf16(x.data_ptr(), y.data_ptr(), out.data_ptr(), n)
+    return same_bits(out, x + y)
 
 
 def _relu2_agrees(native: Native) -> bool:
