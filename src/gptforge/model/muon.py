@@ -134,19 +134,25 @@ class MuonAdamW(EagerMethods, torch.optim.Optimizer):
         """The Nesterov momentum of each matrix, orthogonalised (matrices of one shape together, in one stack),
         scaled to the same update RMS for tall and wide matrices, and stepped along."""
         ns_dtype = NS_DTYPES[group.get("ns_dtype", "float32")]  # a checkpoint's group from before the key: float32
-        by_shape: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        by_shape: dict[tuple[int, ...], list[tuple[torch.Tensor, float]]] = {}
         for p in params:
             momentum = _momentum(self.state[p]["step"].item(), group)
             buf = self.state[p]["exp_avg"]
             buf.mul_(momentum).add_(p.grad)
-            direction = p.grad.add(buf, alpha=momentum)  # Nesterov: the gradient plus the momentum it leads to
-            if hasattr(direction, "full_tensor"):  # FSDP: a shard of the matrix on each rank
+            if hasattr(buf, "full_tensor"):  # FSDP: a shard of the matrix on each rank
+                direction = p.grad.add(buf, alpha=momentum)  # Nesterov: the gradient plus the momentum it leads to
                 self._apply(p, _orthogonalize_whole(direction, group["ns_steps"], ns_dtype), group)
             else:
-                by_shape.setdefault(tuple(p.shape), []).append((p, direction))
-        for pairs in by_shape.values():
-            stack = torch.stack([d.float() for _, d in pairs]) if len(pairs) > 1 else pairs[0][1].float()
-            updates = orthogonalize(stack, group["ns_steps"], dtype=ns_dtype)
+                by_shape.setdefault(tuple(p.shape), []).append((p, momentum))
+        for shape, pairs in by_shape.items():
+            # each direction written straight into its place in the stack (float32), one pass instead of three
+            stack = torch.empty(len(pairs), *shape, dtype=torch.float32, device=pairs[0][0].device)
+            for i, (p, momentum) in enumerate(pairs):  # Nesterov: the gradient plus the momentum it leads to
+                if p.grad.dtype == torch.float32:
+                    torch.add(p.grad, self.state[p]["exp_avg"], alpha=momentum, out=stack[i])
+                else:  # summed in the gradient's dtype, then widened
+                    stack[i] = p.grad.add(self.state[p]["exp_avg"], alpha=momentum)
+            updates = orthogonalize(stack if len(pairs) > 1 else stack[0], group["ns_steps"], dtype=ns_dtype)
             for i, (p, _) in enumerate(pairs):
                 self._apply(p, updates[i] if len(pairs) > 1 else updates, group)
 
@@ -154,7 +160,8 @@ class MuonAdamW(EagerMethods, torch.optim.Optimizer):
     def _apply(p: torch.Tensor, update: torch.Tensor, group: dict[str, Any]) -> None:
         # the same update RMS for tall and wide matrices of the same size
         scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
-        p.mul_(1.0 - group["lr"] * group["weight_decay"])
+        if group["weight_decay"]:  # a product by 1 changes nothing: not a pass over p
+            p.mul_(1.0 - group["lr"] * group["weight_decay"])
         p.add_(update.to(p.dtype), alpha=-group["lr"] * scale)
 
     @staticmethod
@@ -163,7 +170,8 @@ class MuonAdamW(EagerMethods, torch.optim.Optimizer):
         step = state["step"].item()
         state["exp_avg"].lerp_(p.grad, 1.0 - beta1)
         state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
-        p.mul_(1.0 - group["lr"] * group["weight_decay"])
+        if group["weight_decay"]:
+            p.mul_(1.0 - group["lr"] * group["weight_decay"])
         denom = (state["exp_avg_sq"] / (1.0 - beta2**step)).sqrt_().add_(group["eps"])
         p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1.0 - beta1**step))
 
