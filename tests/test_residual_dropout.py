@@ -17,6 +17,7 @@ from gptforge.model.mask_reference import SPECIAL, same_bits
 def test_residual_dropout_gives_the_bits_of_the_sum_it_replaces(dtype, monkeypatch):
     calls, real = [], layers.ResidualDropout.apply
     monkeypatch.setattr(layers.ResidualDropout, "apply", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(GPT, "_chain_norms", lambda self, x, cache: False)  # under bf16: AddNorm (test_add_norm.py)
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=2, n_embd=64, dropout=0.2, bias=True))
     model.use_fast_dropout(True)

@@ -22,6 +22,7 @@ from gptforge.model.layers import (
     ReLU2,
     RMSNorm,
     add_dropped,
+    add_dropped_norm,
     apply_rotary,
     rms_norm,
     rotary_angles,
@@ -66,11 +67,13 @@ class CausalSelfAttention(nn.Module):
         rope: Rope | None = None,
         mask: torch.Tensor | None = None,
         residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        norm: nn.Module | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """rope: the rotary (cos, sin) of these positions, computed once per forward by GPT.hidden_states. mask: a
         bool mask broadcastable to (B, nh, T, keys), True where a query may attend (the caller's whole rule: causal,
         documents, padding); None: causal, after any cached tokens. residual: returns residual + the output, the
-        sum taken with the dropout (layers.add_dropped)."""
+        sum taken with the dropout (layers.add_dropped); with `norm` too, that sum and norm(sum)
+        (layers.add_dropped_norm)."""
         B, T, C = x.size()
         qkv = self.c_attn(x)  # (B, T, 3 C): q, k, v side by side
         p = self.dropout if self.training else 0.0
@@ -107,6 +110,8 @@ class CausalSelfAttention(nn.Module):
             is_causal = True if causal and T > 1 else False  # noqa: SIM210
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=is_causal, **masked)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
+        if residual is not None and norm is not None:
+            return add_dropped_norm(self.resid_dropout, residual, self.c_proj(y), norm)
         if residual is not None:
             return add_dropped(self.resid_dropout, residual, self.c_proj(y))
         return self.resid_dropout(self.c_proj(y))
@@ -122,9 +127,14 @@ class MLP(nn.Module):
         self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """residual: returns residual + the output, the sum taken with the dropout (layers.add_dropped)."""
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, norm: nn.Module | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """residual: returns residual + the output, the sum taken with the dropout (layers.add_dropped); with `norm`
+        too, that sum and norm(sum) (layers.add_dropped_norm)."""
         out = self.c_proj(self.gelu(self.c_fc(x)))
+        if residual is not None and norm is not None:
+            return add_dropped_norm(self.dropout, residual, out, norm)
         return self.dropout(out) if residual is None else add_dropped(self.dropout, residual, out)
 
 
@@ -148,6 +158,21 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         x = self.attn(self.ln_1(x), cache, layer, rope, mask, residual=x)  # x + attn(ln_1(x))
         return self.mlp(self.ln_2(x), residual=x)  # x + mlp(ln_2(x))
+
+    def forward_normed(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        layer: int,
+        rope: Rope | None,
+        mask: torch.Tensor | None,
+        norm: nn.Module,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward for GPT.hidden_states' chain of norms: h is ln_1(x), given; returns the block's output and `norm`
+        of it (the next block's ln_1, or ln_f), each residual sum taken with the norm after it
+        (layers.add_dropped_norm: one pass each way where keep_mask.c has both). The same values as forward."""
+        x, h = self.attn(h, None, layer, rope, mask, residual=x, norm=self.ln_2)
+        return self.mlp(h, residual=x, norm=norm)
 
 
 class GPT(nn.Module):
@@ -301,11 +326,35 @@ class GPT(nn.Module):
         if self.config.rmsnorm:
             x = rms_norm(x)  # nanochat normalises the embedding too
         x = self.transformer.drop(x)
-        for layer, block in enumerate(self.transformer.h):
+        blocks, ln_f = self.transformer.h, self.transformer.ln_f
+        if self._chain_norms(x, cache):
+            h = blocks[0].ln_1(x)
+            for layer, block in enumerate(blocks):
+                x, h = block.forward_normed(
+                    x, h, layer, rope, mask, blocks[layer + 1].ln_1 if layer + 1 < len(blocks) else ln_f
+                )
+            return h  # ln_f of the last block's output
+        for layer, block in enumerate(blocks):
             x = block(x, cache, layer, rope, mask)
         if cache is not None:
             cache.advance(T)
-        return self.transformer.ln_f(x)  # (B, T, C)
+        return ln_f(x)  # (B, T, C)
+
+    def _chain_norms(self, x: torch.Tensor, cache: KVCache | None) -> bool:
+        """Whether hidden_states takes each residual sum together with the norm after it (Block.forward_normed):
+        in CPU training with residual dropout and LayerNorm (nanoGPT's recipes), no cache, outside torch.compile,
+        not sharded (FSDP's hooks run on the blocks' own forward). Layers.Dropout.add_norm then fuses each pair where
+        keep_mask.c has both (bf16 autocast, fast dropout); elsewhere the same operations as the blocks' forward."""
+        cfg = self.config
+        return (
+            cache is None
+            and self.training
+            and x.device.type == "cpu"
+            and not cfg.rmsnorm
+            and 0.0 < cfg.dropout < 1.0
+            and type(self.transformer.ln_f.weight) is nn.Parameter
+            and not torch.compiler.is_compiling()
+        )
 
     def resize_vocab(self, rows: int) -> None:
         """Grow the embedding (and an untied head) to `rows` rows: the existing rows kept, the new ones drawn as a

@@ -290,82 +290,134 @@ RMS_INVERSE(bf16)
  * tensor, with the conversions to and from bf16 around them, four times each way. */
 #define LN_CHUNK 128
 
+/* one row of the forward: statistics into *mean, *rstd, the normalised row into yr */
+static inline void layer_norm_row(const float *xr, const float *w, const float *b, uint16_t *yr, float *mean,
+                                  float *rstd, int64_t n, float eps) {
+    float acc[RMS_LANES] = {0.0f};
+    int64_t i = 0;
+    for (; i + RMS_LANES <= n; i += RMS_LANES)
+        for (int l = 0; l < RMS_LANES; l++) acc[l] += xr[i + l];
+    for (; i < n; i++) acc[0] += xr[i];
+    float sum = 0.0f;
+    for (int l = 0; l < RMS_LANES; l++) sum += acc[l];
+    const float m = sum / (float)n;
+    float sq[RMS_LANES] = {0.0f};
+    for (i = 0; i + RMS_LANES <= n; i += RMS_LANES)
+        for (int l = 0; l < RMS_LANES; l++) sq[l] += (xr[i + l] - m) * (xr[i + l] - m);
+    for (; i < n; i++) sq[0] += (xr[i] - m) * (xr[i] - m);
+    float var = 0.0f;
+    for (int l = 0; l < RMS_LANES; l++) var += sq[l];
+    const float r = 1.0f / sqrtf(var / (float)n + eps);
+    *mean = m;
+    *rstd = r;
+    if (b != NULL)
+        for (i = 0; i < n; i++) yr[i] = float_to_bf16((xr[i] - m) * r * w[i] + b[i]);
+    else
+        for (i = 0; i < n; i++) yr[i] = float_to_bf16((xr[i] - m) * r * w[i]);
+}
+
 void gptforge_layer_norm_f32_bf16(const float *x, const float *w, const float *b, uint16_t *y, float *mean,
                                   float *rstd, int64_t rows, int64_t n, float eps) {
     IN_PARTS(0, rows, rows * n, 1, for (int64_t row = lo; row < hi; row++) {
-        const float *xr = x + row * n;
-        uint16_t *yr = y + row * n;
-        float acc[RMS_LANES] = {0.0f};
-        int64_t i = 0;
-        for (; i + RMS_LANES <= n; i += RMS_LANES)
-            for (int l = 0; l < RMS_LANES; l++) acc[l] += xr[i + l];
-        for (; i < n; i++) acc[0] += xr[i];
-        float sum = 0.0f;
-        for (int l = 0; l < RMS_LANES; l++) sum += acc[l];
-        const float m = sum / (float)n;
-        float sq[RMS_LANES] = {0.0f};
-        for (i = 0; i + RMS_LANES <= n; i += RMS_LANES)
-            for (int l = 0; l < RMS_LANES; l++) sq[l] += (xr[i + l] - m) * (xr[i + l] - m);
-        for (; i < n; i++) sq[0] += (xr[i] - m) * (xr[i] - m);
-        float var = 0.0f;
-        for (int l = 0; l < RMS_LANES; l++) var += sq[l];
-        const float r = 1.0f / sqrtf(var / (float)n + eps);
-        mean[row] = m;
-        rstd[row] = r;
-        if (b != NULL)
-            for (i = 0; i < n; i++) yr[i] = float_to_bf16((xr[i] - m) * r * w[i] + b[i]);
-        else
-            for (i = 0; i < n; i++) yr[i] = float_to_bf16((xr[i] - m) * r * w[i]);
+        layer_norm_row(x + row * n, w, b, y + row * n, mean + row, rstd + row, n, eps);
     });
 }
 
-void gptforge_layer_norm_back_bf16_f32(const uint16_t *g, const float *x, const float *w, const float *mean,
-                                       const float *rstd, float *dx, float *dw, float *db, float *partial,
-                                       int64_t rows, int64_t n) {
-    IN_PARTS(0, rows, rows * n, LN_CHUNK, for (int64_t row = lo; row < hi; row++) {
-        float *pw = partial + row / LN_CHUNK * 2 * n, *pb = pw + n;
-        if (row % LN_CHUNK == 0)
-            for (int64_t i = 0; i < 2 * n; i++) pw[i] = 0.0f;
-        const uint16_t *gr = g + row * n;
-        const float *xr = x + row * n;
-        float *dr = dx + row * n;
-        const float m = mean[row], r = rstd[row];
-        float a[RMS_LANES] = {0.0f}, c[RMS_LANES] = {0.0f};
-        int64_t i = 0;
-        for (; i + RMS_LANES <= n; i += RMS_LANES)
-            for (int l = 0; l < RMS_LANES; l++) {
-                const float gw = bf16_to_float(gr[i + l]) * w[i + l];
-                a[l] += gw;
-                c[l] += gw * ((xr[i + l] - m) * r);
-            }
-        for (; i < n; i++) {
-            const float gw = bf16_to_float(gr[i]) * w[i];
-            a[0] += gw;
-            c[0] += gw * ((xr[i] - m) * r);
-        }
-        float sa = 0.0f, sc = 0.0f;
+/* one row of the backward: x's gradient into dr, the row's shares of the weight's and the bias's into pw, pb */
+static inline void layer_norm_back_row(const uint16_t *gr, const float *xr, const float *w, float m, float r, float *dr,
+                                       float *pw, float *pb, int64_t n) {
+    float a[RMS_LANES] = {0.0f}, c[RMS_LANES] = {0.0f};
+    int64_t i = 0;
+    for (; i + RMS_LANES <= n; i += RMS_LANES)
         for (int l = 0; l < RMS_LANES; l++) {
-            sa += a[l];
-            sc += c[l];
+            const float gw = bf16_to_float(gr[i + l]) * w[i + l];
+            a[l] += gw;
+            c[l] += gw * ((xr[i + l] - m) * r);
         }
-        const float ma = sa / (float)n, mc = sc / (float)n;
-        for (i = 0; i < n; i++) {
-            const float gv = bf16_to_float(gr[i]), xhat = (xr[i] - m) * r;
-            dr[i] = r * (gv * w[i] - ma - xhat * mc);
-            pw[i] += gv * xhat;
-            pb[i] += gv;
-        }
-    });
+    for (; i < n; i++) {
+        const float gw = bf16_to_float(gr[i]) * w[i];
+        a[0] += gw;
+        c[0] += gw * ((xr[i] - m) * r);
+    }
+    float sa = 0.0f, sc = 0.0f;
+    for (int l = 0; l < RMS_LANES; l++) {
+        sa += a[l];
+        sc += c[l];
+    }
+    const float ma = sa / (float)n, mc = sc / (float)n;
+    for (i = 0; i < n; i++) {
+        const float gv = bf16_to_float(gr[i]), xhat = (xr[i] - m) * r;
+        dr[i] = r * (gv * w[i] - ma - xhat * mc);
+        pw[i] += gv * xhat;
+        pb[i] += gv;
+    }
+}
+
+/* the weight's and the bias's gradients: each LN_CHUNK rows' sums, then the chunks' in order (any number of threads
+ * gives the same sums) */
+static void layer_norm_sums(const float *partial, float *dw, float *db, int64_t rows, int64_t n) {
     for (int64_t i = 0; i < n; i++) dw[i] = db[i] = 0.0f;
-    for (int64_t chunk = 0; chunk * LN_CHUNK < rows; chunk++) /* in order: the same sums on any number of threads */
+    for (int64_t chunk = 0; chunk * LN_CHUNK < rows; chunk++)
         for (int64_t i = 0; i < n; i++) {
             dw[i] += partial[chunk * 2 * n + i];
             db[i] += partial[chunk * 2 * n + n + i];
         }
 }
 
+/* this row's chunk of `partial` (zeroed at the chunk's first row) */
+static inline float *layer_norm_partial(float *partial, int64_t row, int64_t n) {
+    float *pw = partial + row / LN_CHUNK * 2 * n;
+    if (row % LN_CHUNK == 0)
+        for (int64_t i = 0; i < 2 * n; i++) pw[i] = 0.0f;
+    return pw;
+}
+
+void gptforge_layer_norm_back_bf16_f32(const uint16_t *g, const float *x, const float *w, const float *mean,
+                                       const float *rstd, float *dx, float *dw, float *db, float *partial,
+                                       int64_t rows, int64_t n) {
+    IN_PARTS(0, rows, rows * n, LN_CHUNK, for (int64_t row = lo; row < hi; row++) {
+        float *pw = layer_norm_partial(partial, row, n);
+        layer_norm_back_row(g + row * n, x + row * n, w, mean[row], rstd[row], dx + row * n, pw, pw + n, n);
+    });
+    layer_norm_sums(partial, dw, db, rows, n);
+}
+
 RESIDUAL_DROPOUT(f32)
 RESIDUAL_DROPOUT(bf16)
+
+/* A residual connection with dropout and the LayerNorm after it (x + dropout(attn(...)) then ln_2; + dropout(mlp(...))
+ * then the next block's ln_1 or ln_f), x float32 and the branch y bf16: each row's sum s written and normalised into
+ * h while it is in cache, rows split across threads (whole rows, so the mask's words as in one call). The bits of
+ * gptforge_residual_dropout_bf16 then gptforge_layer_norm_f32_bf16, one pass over the rows instead of two. The
+ * backward takes h's gradient gh and s's own gs (the next residual's, NULL where s has none): s's whole gradient, gs
+ * plus the norm's (the sum autograd takes), is x's gradient, and masked as gptforge_residual_dropout_back_bf16
+ * masks it, y's; the norm's weight and bias gradients as gptforge_layer_norm_back_bf16_f32's. Three passes of
+ * torch and the kernels above (the norm's backward, autograd's sum, the mask's) in one. */
+void gptforge_add_norm_bf16(const float *x, const uint16_t *y, uint8_t *keep, float *s, const float *w, const float *b,
+                            uint16_t *h, float *mean, float *rstd, int64_t rows, int64_t n, uint64_t seed,
+                            int32_t threshold, float scale, float eps) {
+    IN_PARTS(0, rows, rows * n, 1, for (int64_t row = lo; row < hi; row++) {
+        const int64_t first = row * n, last = first + n;
+        const int64_t done = first % 4 ? first : RESIDUAL_FAST_bf16(x, y, keep, s, first, last, seed, threshold, scale);
+        draw(keep + done, done, last - done, seed, threshold);
+        for (int64_t i = done; i < last; i++) s[i] = x[i] + ROUND_bf16(LOAD_bf16(y, i) * (float)keep[i] * scale);
+        layer_norm_row(s + first, w, b, h + first, mean + row, rstd + row, n, eps);
+    });
+}
+
+void gptforge_add_norm_back_bf16(const uint16_t *gh, const float *gs, const float *s, const float *w,
+                                 const float *mean, const float *rstd, const uint8_t *keep, float *dx, uint16_t *dy,
+                                 float *dw, float *db, float *partial, int64_t rows, int64_t n, float scale) {
+    IN_PARTS(0, rows, rows * n, LN_CHUNK, for (int64_t row = lo; row < hi; row++) {
+        const int64_t first = row * n;
+        float *pw = layer_norm_partial(partial, row, n), *dr = dx + first;
+        layer_norm_back_row(gh + first, s + first, w, mean[row], rstd[row], dr, pw, pw + n, n);
+        if (gs != NULL)
+            for (int64_t i = 0; i < n; i++) dr[i] += gs[first + i];
+        for (int64_t i = 0; i < n; i++) dy[first + i] = float_to_bf16(ROUND_bf16(dr[i]) * (float)keep[first + i] * scale);
+    });
+    layer_norm_sums(partial, dw, db, rows, n);
+}
 
 /* A residual connection without dropout under autocast, x + y with the stream x float32 and the branch y bf16, in
  * one pass: torch's sum converts y into a float32 copy first. The same bits (y's value is exact in float32). */

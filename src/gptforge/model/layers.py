@@ -106,7 +106,31 @@ class Dropout(nn.Dropout):
         (ResidualDropout): the same mask and the same bits as the sum of this module's output, in half the passes
         over memory. Without dropout (p 0 or evaluation), a float32 x and a bf16 y (autocast's branch output) on a
         CPU: their sum in one pass (ResidualAdd), its bits. Otherwise that sum."""
+        if self._residual_kernel(x, y):
+            return ResidualDropout.apply(x, y, self.p)
+        if (not self.training or self.p == 0.0) and _add_kernel(x, y) is not None:
+            return ResidualAdd.apply(x, y)  # no dropout: the sum, in one pass
+        return x + self(y)
+
+    def add_norm(self, x: torch.Tensor, y: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, norm(s)) with s = self.add_to(x, y): a residual connection and the norm after it. Where add_to takes
+        ResidualDropout (bf16 y) and the norm is a LayerNorm into bf16 (LayerNorm.to_bf16), both in one pass
+        forward and one back by keep_mask.c (AddNorm): the same bits, the sum's gradient from the next residual
+        and the norm's added there instead of by autograd; otherwise the two steps."""
         if (
+            self._residual_kernel(x, y)
+            and y.dtype == torch.bfloat16
+            and isinstance(norm, LayerNorm)
+            and norm.to_bf16(x)
+        ):
+            return AddNorm.apply(x, y, self.p, norm.weight, norm.bias, norm.eps)
+        s = self.add_to(x, y)
+        return s, norm(s)
+
+    def _residual_kernel(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """ResidualDropout's conditions: fast dropout in training, a float32 x and a float32 or bf16 y of its shape on
+        a CPU, outside torch.compile, with the compiled kernels."""
+        return (
             self.fast_dropout
             and self.training
             and 0.0 < self.p < 1.0
@@ -116,16 +140,22 @@ class Dropout(nn.Dropout):
             and x.shape == y.shape
             and not torch.compiler.is_compiling()
             and native_kernels() is not None
-        ):
-            return ResidualDropout.apply(x, y, self.p)
-        if (not self.training or self.p == 0.0) and _add_kernel(x, y) is not None:
-            return ResidualAdd.apply(x, y)  # no dropout: the sum, in one pass
-        return x + self(y)
+        )
 
 
 def add_dropped(dropout: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x + dropout(y): Dropout.add_to for gptforge's Dropout, the plain sum for any other module (nn.Dropout)."""
     return dropout.add_to(x, y) if isinstance(dropout, Dropout) else x + dropout(y)
+
+
+def add_dropped_norm(
+    dropout: nn.Module, x: torch.Tensor, y: torch.Tensor, norm: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + dropout(y), norm of it): Dropout.add_norm for gptforge's Dropout, the two steps for any other module."""
+    if isinstance(dropout, Dropout):
+        return dropout.add_norm(x, y, norm)
+    s = x + dropout(y)
+    return s, norm(s)
 
 
 class ResidualDropout(torch.autograd.Function):
@@ -264,7 +294,13 @@ class LayerNorm(nn.LayerNorm):
     torch's. The values are torch's to one bf16 rounding (the mean and variance summed in another order)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
+        if self.to_bf16(x):
+            return LayerNormToBf16.apply(x, self.weight, self.bias, self.eps)
+        return super().forward(x)
+
+    def to_bf16(self, x: torch.Tensor) -> bool:
+        """Whether x is normalised by keep_mask.c into bf16 (LayerNormToBf16, or AddNorm with the sum before it)."""
+        return (
             cpu_bf16_autocast(x)
             and x.dtype == torch.float32
             and type(self.weight) is nn.Parameter  # not an FSDP shard (a DTensor)
@@ -274,9 +310,7 @@ class LayerNorm(nn.LayerNorm):
             and x.numel() > 0
             and not torch.compiler.is_compiling()
             and native_kernels() is not None
-        ):
-            return LayerNormToBf16.apply(x, self.weight, self.bias, self.eps)
-        return super().forward(x)
+        )
 
 
 class LayerNormToBf16(torch.autograd.Function):
@@ -309,6 +343,43 @@ class LayerNormToBf16(torch.autograd.Function):
         backward(grad.data_ptr(), x.data_ptr(), weight.data_ptr(), mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
                  dw.data_ptr(), db.data_ptr(), partial.data_ptr(), mean.numel(), n)  # fmt: skip
         return dx, dw, db if ctx.has_bias else None, None
+
+
+class AddNorm(torch.autograd.Function):
+    """s = x + dropout(y) and h = LayerNorm(s) in bf16 by keep_mask.c in one pass over the rows (Dropout.add_norm):
+    ResidualDropout's mask and bits, then LayerNormToBf16's. Backward: s's whole gradient (its own, from the next
+    residual, plus the norm's: the sum autograd would take) is x's, and masked y's; the norm's weight and bias
+    gradients as LayerNormToBf16's. Keeps s, the mask and the rows' statistics."""
+
+    @staticmethod
+    def forward(ctx, x, y, p, weight, bias, eps):  # noqa: ANN001, ANN205
+        forward, _ = native_kernels().add_norm
+        x, y = x.contiguous(), y.contiguous()
+        n = x.size(-1)
+        rows = x.numel() // n
+        keep, s, h = torch.empty(x.shape, dtype=torch.bool), torch.empty_like(x), torch.empty_like(y)
+        mean, rstd = torch.empty(rows), torch.empty(rows)
+        forward(x.data_ptr(), y.data_ptr(), keep.data_ptr(), s.data_ptr(), weight.data_ptr(),
+                None if bias is None else bias.data_ptr(), h.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows, n,
+                masks.mask_seed(), keep_threshold(p), 1.0 / (1.0 - p), eps)  # fmt: skip
+        ctx.save_for_backward(s, weight, mean, rstd, keep)
+        ctx.p, ctx.has_bias = p, bias is not None
+        ctx.set_materialize_grads(False)  # s may have no use of its own (before ln_f): no gradient, not zeros
+        return s, h
+
+    @staticmethod
+    def backward(ctx, grad_s, grad_h):  # noqa: ANN001, ANN205
+        s, weight, mean, rstd, keep = ctx.saved_tensors
+        n, rows = s.size(-1), mean.numel()
+        _, backward = native_kernels().add_norm
+        grad_h = torch.zeros_like(s, dtype=torch.bfloat16) if grad_h is None else grad_h.contiguous()
+        grad_s = None if grad_s is None else grad_s.contiguous()
+        dx, dy, dw, db = torch.empty_like(s), torch.empty_like(grad_h), torch.empty(n), torch.empty(n)
+        partial = torch.empty(layer_norm_chunks(rows), 2, n)  # the kernel's scratch
+        backward(grad_h.data_ptr(), None if grad_s is None else grad_s.data_ptr(), s.data_ptr(), weight.data_ptr(),
+                 mean.data_ptr(), rstd.data_ptr(), keep.data_ptr(), dx.data_ptr(), dy.data_ptr(), dw.data_ptr(),
+                 db.data_ptr(), partial.data_ptr(), rows, n, 1.0 / (1.0 - ctx.p))  # fmt: skip
+        return dx, dy, None, dw, db if ctx.has_bias else None, None
 
 
 def rotary_angles(positions: torch.Tensor, head_size: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,6 +57,7 @@ class Native(NamedTuple):
     residual: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # x + dropout(y) by y's dtype
     relu2: dict[torch.dtype, tuple[Callable[..., None], Callable[..., None]]]  # relu(x)^2, its gradient, by dtype
     add_bf16: Callable[..., None]  # a float32 x plus a bf16 y into float32
+    add_norm: tuple[Callable[..., None], Callable[..., None]]  # x + dropout(y) then LayerNorm into bf16, its backward
     transpose: Callable[..., None]  # a 16-bit matrix transposed into another
     fast_rows: bool  # built with its AVX-512 paths (the softmax's and residual's rows, the transpose's tiles)
 
@@ -157,13 +158,17 @@ def _load() -> tuple[Native | None, str]:
             relu2[dtype][0].argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64]
             relu2[dtype][1].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
         add_bf16 = library.gptforge_add_bf16
+        add_norm = (library.gptforge_add_norm_bf16, library.gptforge_add_norm_back_bf16)
+        add_norm[0].argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2 + [ctypes.c_uint64, ctypes.c_int32]
+        add_norm[0].argtypes += [ctypes.c_float] * 2
+        add_norm[1].argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int64] * 2 + [ctypes.c_float]
         add_bf16.argtypes, add_bf16.restype = [ctypes.c_void_p] * 3 + [ctypes.c_int64], None
         transpose, fast_rows = library.gptforge_transpose16, library.gptforge_fast_rows
         transpose.argtypes, transpose.restype = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2, None
         fast_rows.argtypes, fast_rows.restype = [], ctypes.c_int
     except AttributeError as e:
         return None, f"the compiled kernel could not be built or loaded ({e})"
-    pairs = (*rope_rms.values(), *softmax.values(), layer_norm, *residual.values(), *relu2.values())
+    pairs = (*rope_rms.values(), *softmax.values(), layer_norm, *residual.values(), *relu2.values(), add_norm)
     for function in (*rms.values(), *rms_back.values(), *(f for pair in pairs for f in pair)):
         function.restype = None
     native = Native(
@@ -178,6 +183,7 @@ def _load() -> tuple[Native | None, str]:
         residual,
         relu2,
         add_bf16,
+        add_norm,
         transpose,
         bool(fast_rows()),
     )
@@ -189,9 +195,59 @@ def _load() -> tuple[Native | None, str]:
         return None, f"the compiled kernel's causal softmax ({path}) does not agree with float64's and keep_mask's"
     if not _layer_norm_agrees(native):
         return None, f"the compiled kernel's LayerNorm ({path}) does not agree with float64's"
+    if not _add_norm_agrees(native):
+        return None, f"the compiled kernel's residual and LayerNorm in one ({path}) differ from the two kernels'"
     if not _transpose_agrees(native):
         return None, f"the compiled kernel's transpose ({path}) does not give torch's transposed copy"
     return native, ""
+
+
+def _add_norm_agrees(native: Native) -> bool:
+    """The residual dropout and LayerNorm in one pass give the bits of the residual kernel then the LayerNorm
+    kernel (both checked above), forward and backward (with and without the sum's own gradient, with and without a
+    bias), on rows split across threads, some starting inside a mask word (70 wide)."""
+    gen = torch.Generator().manual_seed(15)
+    seed, threshold, scale, eps = 4321, keep_threshold(0.2), 1.0 / 0.8, 1e-5
+    forward, backward = native.add_norm
+    residual, residual_back = native.residual[torch.bfloat16]
+    norm, norm_back = native.layer_norm
+    for (rows, n), bias in zip(((640, 64), (513, 70)), (True, False), strict=True):  # both on 2 threads
+        x, gs, w = (
+            torch.randn(rows, n, generator=gen),
+            torch.randn(rows, n, generator=gen),
+            torch.randn(n, generator=gen),
+        )
+        b = torch.randn(n, generator=gen) if bias else None
+        y, gh = (torch.randn(rows, n, generator=gen).to(torch.bfloat16) for _ in range(2))
+        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+        masks = [torch.empty(rows, n, dtype=torch.bool) for _ in range(2)]
+        outs = [[torch.empty(rows, n), torch.empty(rows, n, dtype=torch.bfloat16), torch.empty(rows), torch.empty(rows)]
+                for _ in range(2)]  # fmt: skip
+        (keep, keep2), (s, h, mean, rstd) = masks, outs[0]
+        forward(ptr(x), ptr(y), ptr(keep), ptr(s), ptr(w), ptr(b), ptr(h), ptr(mean), ptr(rstd), rows, n, seed,
+                threshold, scale, eps)  # fmt: skip
+        s2, h2, mean2, rstd2 = outs[1]
+        residual(ptr(x), ptr(y), ptr(keep2), ptr(s2), x.numel(), seed, threshold, scale)
+        norm(ptr(s2), ptr(w), ptr(b), ptr(h2), ptr(mean2), ptr(rstd2), rows, n, eps)
+        if not (torch.equal(keep, keep2) and all(same_bits(a, c) for a, c in zip(*outs, strict=True))):
+            return False
+        partial = torch.empty(layer_norm_chunks(rows), 2, n)
+        for own in (gs, None):
+            grads = [[torch.empty(rows, n), torch.empty(rows, n, dtype=torch.bfloat16), torch.empty(n), torch.empty(n)]
+                     for _ in range(2)]  # fmt: skip
+            dx, dy, dw, db = grads[0]
+            backward(ptr(gh), ptr(own), ptr(s), ptr(w), ptr(mean), ptr(rstd), ptr(keep), ptr(dx), ptr(dy), ptr(dw),
+                     ptr(db), ptr(partial), rows, n, scale)  # fmt: skip
+            dx2, dy2, dw2, db2 = grads[1]
+            norm_back(
+                ptr(gh), ptr(s), ptr(w), ptr(mean), ptr(rstd), ptr(dx2), ptr(dw2), ptr(db2), ptr(partial), rows, n
+            )
+            if own is not None:
+                dx2 += own
+            residual_back(ptr(dx2), ptr(keep), ptr(dy2), dx2.numel(), scale)
+            if not all(same_bits(a, c) for a, c in zip(grads[0], grads[1], strict=True)):
+                return False
+    return True
 
 
 def _transpose_agrees(native: Native) -> bool:
