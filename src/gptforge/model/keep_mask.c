@@ -1,10 +1,10 @@
 /* gptforge's compiled CPU kernels: dropout masks and their application (model/masks.py), a residual connection
- * with dropout, RMSNorm (alone and after rotary) and LayerNorm into bf16, forward and backward in one pass over
- * each row (model/layers.py), attention's causal softmax with dropout (model/attention.py), and a 16-bit transpose
- * (model/linear.py); model/native.py compiles this file on first use and checks every function against torch's
- * masks, torch's bits or float64 before using it. One file, past the house's ~500 lines on purpose: one source is
- * what native.py hashes, builds and caches, and the kernels share its threading (IN_PARTS), its bf16 conversions
- * and its AVX-512 helpers (FAST_ROWS).
+ * with dropout (alone, or with the LayerNorm after it), a float32 + bf16 sum, RMSNorm (alone and after rotary),
+ * LayerNorm into bf16 and relu(x)^2, forward and backward in one pass (model/layers.py), attention's causal softmax
+ * with dropout (model/attention.py), and a 16-bit transpose (model/linear.py); model/native.py compiles this file
+ * on first use and checks every function against torch's masks, torch's bits or float64 before using it. One
+ * file, past the house's ~500 lines on purpose: one source is what native.py hashes, builds and caches, and the
+ * kernels share its threading (IN_PARTS), its bf16 conversions and its AVX-512 helpers (FAST_ROWS).
  *
  * Dropout masks: keep[i] is lane i % 4 (16 bits, little-endian order) of word i / 4, read as a signed
  * 16-bit integer, compared with `threshold`; word j is SplitMix64's output for the state seed + (j + 1) * golden.
@@ -414,7 +414,8 @@ void gptforge_add_norm_back_bf16(const uint16_t *gh, const float *gs, const floa
         layer_norm_back_row(gh + first, s + first, w, mean[row], rstd[row], dr, pw, pw + n, n);
         if (gs != NULL)
             for (int64_t i = 0; i < n; i++) dr[i] += gs[first + i];
-        for (int64_t i = 0; i < n; i++) dy[first + i] = float_to_bf16(ROUND_bf16(dr[i]) * (float)keep[first + i] * scale);
+        for (int64_t i = 0; i < n; i++)
+            dy[first + i] = float_to_bf16(ROUND_bf16(dr[i]) * (float)keep[first + i] * scale);
     });
     layer_norm_sums(partial, dw, db, rows, n);
 }
