@@ -343,7 +343,7 @@ class GPT(nn.Module):
     def _chain_norms(self, x: torch.Tensor, cache: KVCache | None) -> bool:
         """Whether hidden_states takes each residual sum together with the norm after it (Block.forward_normed):
         in CPU training with residual dropout and LayerNorm (nanoGPT's recipes), no cache, outside torch.compile,
-        not sharded (FSDP's hooks run on the blocks' own forward). Layers.Dropout.add_norm then fuses each pair where
+        not sharded (FSDP's hooks run on the blocks' own forward). layers.Dropout.add_norm then fuses each pair where
         keep_mask.c has both (bf16 autocast, fast dropout); elsewhere the same operations as the blocks' forward."""
         cfg = self.config
         return (
