@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import loss_and_grads
-from gptforge.model import layers, native
+from gptforge.model import layers, native, native_checks
 from gptforge.model.gpt import GPT, GPTConfig
 
 
@@ -74,11 +74,11 @@ def test_the_load_check_refuses_a_wrong_kernel():
     """native's check compares the joined kernel with the two it joins: a forward one bit off in the first row's
     first normalised value fails it."""
     real = native.native_kernels()
-    assert real is not None and native._add_norm_agrees(real)
+    assert real is not None and native_checks.add_norm_agrees(real)
     forward, backward = real.add_norm
 
     def off_by_a_bit(*args):  # noqa: ANN002
         forward(*args)
         ctypes.c_uint16.from_address(args[6]).value ^= 1  # h, the normalised rows
 
-    assert not native._add_norm_agrees(real._replace(add_norm=(off_by_a_bit, backward)))
+    assert not native_checks.add_norm_agrees(real._replace(add_norm=(off_by_a_bit, backward)))

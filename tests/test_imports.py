@@ -22,10 +22,12 @@ GROUPS = [
     # the network and its optimizers
     (
         "model.mask_reference",
+        "model.native_checks",
         "model.native",
         "model.masks",
         "model.layers",
         "model.linear",
+        "model.activations",
         "model.attention",
         "model.head_loss",
         "model.gpt",

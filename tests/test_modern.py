@@ -17,7 +17,7 @@ from conftest import run_cli, whole_and_resumed
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
 from gptforge.infer.engine import generate
-from gptforge.model import layers, native
+from gptforge.model import activations, layers, native
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.layers import KVCache, RMSNorm, apply_rotary, rms_norm, rotary_angles
 from gptforge.weights.export import export_hf
@@ -230,13 +230,13 @@ def test_squared_relu_is_relu_squared_with_its_gradient():
     """relu2's activation as one autograd step: its value and gradient against relu(x)^2 in float64 (gradcheck),
     and under bf16 autocast it stays bf16 (no float32 copy of the MLP's widest activation)."""
     x = torch.randn(64, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
-    assert torch.autograd.gradcheck(layers.SquaredReLU.apply, (x,))
-    y = layers.ReLU2()(x)
+    assert torch.autograd.gradcheck(activations.SquaredReLU.apply, (x,))
+    y = activations.ReLU2()(x)
     torch.testing.assert_close(y, torch.relu(x) ** 2, rtol=0, atol=0)
     (grad,) = torch.autograd.grad(y.sum(), x)
     torch.testing.assert_close(grad, 2 * torch.relu(x), rtol=0, atol=0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert layers.ReLU2()(x.detach().bfloat16()).dtype == torch.bfloat16
+        assert activations.ReLU2()(x.detach().bfloat16()).dtype == torch.bfloat16
 
 
 def test_rms_norm_is_x_over_its_root_mean_square_with_its_gradient():

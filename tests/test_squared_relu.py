@@ -1,6 +1,6 @@
-"""relu(x)^2, the modern recipe's MLP activation (layers.SquaredReLU): on a CPU in float32 and bf16 keep_mask.c's one
-pass each way, with the bits of torch's operations it replaces (relu, `r * r`; `(g * r).mul_(2)`), and against
-float64; a model trains through it with the same loss and gradients."""
+"""relu(x)^2, the modern recipe's MLP activation (activations.SquaredReLU): on a CPU in float32 and bf16
+keep_mask.c's one pass each way, with the bits of torch's operations it replaces (relu, `r * r`; `(g * r).mul_(2)`),
+and against float64; a model trains through it with the same loss and gradients."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import loss_and_grads
-from gptforge.model import layers, native
+from gptforge.model import activations, native, native_checks
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.mask_reference import SPECIAL, same_bits
 
@@ -26,7 +26,7 @@ def counted(monkeypatch):
         return lambda *args: calls.append((dtype, way)) or function(*args)
 
     wrapped = {dtype: (logged(fs[0], dtype, 0), logged(fs[1], dtype, 1)) for dtype, fs in real.relu2.items()}
-    monkeypatch.setattr(layers, "native_kernels", lambda: real._replace(relu2=wrapped))
+    monkeypatch.setattr(activations, "cpu_kernels", lambda *t: native.cpu_kernels(*t) and real._replace(relu2=wrapped))
     return calls
 
 
@@ -45,7 +45,7 @@ def test_squared_relu_gives_torchs_bits_and_float64s_values(dtype, shape, counte
     g.view(-1)[-len(SPECIAL) :] = torch.tensor(SPECIAL)
     x, g = x.to(dtype).requires_grad_(), g.to(dtype)
 
-    h = layers.ReLU2()(x)
+    h = activations.ReLU2()(x)
     (dx,) = torch.autograd.grad(h, x, g)
     assert counted == [(dtype, 0), (dtype, 1)]  # the kernel, once each way
     want_h, want_dx = torch_relu2(x.detach(), g)
@@ -63,7 +63,7 @@ def test_a_strided_input_and_a_broadcast_gradient(counted):
     """A transposed x is read through a contiguous copy; the gradient of a sum (an expanded tensor) is made
     contiguous: the same values as torch's operations on them."""
     x = torch.randn(48, 40, generator=torch.Generator().manual_seed(3)).t().requires_grad_()
-    h = layers.ReLU2()(x)
+    h = activations.ReLU2()(x)
     h.sum().backward()
     assert len(counted) == 2
     want_h, want_dx = torch_relu2(x.detach(), torch.ones_like(x))
@@ -73,7 +73,7 @@ def test_a_strided_input_and_a_broadcast_gradient(counted):
 def test_elsewhere_torchs_operations(counted):
     """float64 (gradcheck's dtype) has no kernel: torch's operations, the same values."""
     x = torch.randn(64, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).requires_grad_()
-    assert torch.autograd.gradcheck(layers.SquaredReLU.apply, (x,))
+    assert torch.autograd.gradcheck(activations.SquaredReLU.apply, (x,))
     assert counted == []
 
 
@@ -87,7 +87,7 @@ def test_a_model_trains_through_it_with_torchs_loss_and_gradients(bf16, counted,
     mine = loss_and_grads(model, idx, bf16=bf16)
     dtype = torch.bfloat16 if bf16 else torch.float32
     assert counted == [(dtype, 0), (dtype, 0), (dtype, 1), (dtype, 1)]  # two blocks' MLPs, forward and backward
-    monkeypatch.setattr(layers, "_relu2_kernels", lambda x: None)  # torch's operations
+    monkeypatch.setattr(activations, "_relu2_kernels", lambda x: None)  # torch's operations
     theirs = loss_and_grads(model, idx, bf16=bf16)
     assert len(counted) == 4
     assert torch.equal(mine[0], theirs[0])
@@ -99,11 +99,11 @@ def test_the_load_check_refuses_a_wrong_kernel():
     """native's check before use compares the kernels with torch's bits: a forward one bit off in one element (its
     first, relu(0)^2) fails it, for either dtype."""
     real = native.native_kernels()
-    assert real is not None and native._relu2_agrees(real)
+    assert real is not None and native_checks.relu2_agrees(real)
     for dtype, (forward, backward) in real.relu2.items():
 
         def off_by_a_bit(x, h, n, forward=forward):  # noqa: ANN001
             forward(x, h, n)
             ctypes.c_uint16.from_address(h).value ^= 1
 
-        assert not native._relu2_agrees(real._replace(relu2={**real.relu2, dtype: (off_by_a_bit, backward)}))
+        assert not native_checks.relu2_agrees(real._replace(relu2={**real.relu2, dtype: (off_by_a_bit, backward)}))

@@ -13,13 +13,13 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptforge.core.shape import ModelShape
+from gptforge.model.activations import ReLU2
 from gptforge.model.attention import attention, own_attention_pays, split_heads
 from gptforge.model.head_loss import compiled_loss, head_loss, head_loss_pays
 from gptforge.model.layers import (
     Dropout,
     KVCache,
     LayerNorm,
-    ReLU2,
     RMSNorm,
     add_dropped,
     add_dropped_norm,

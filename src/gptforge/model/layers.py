@@ -12,9 +12,9 @@ from torch.nn import functional as F
 
 from gptforge.core.device import cpu_bf16_autocast
 from gptforge.model import masks
-from gptforge.model.mask_reference import keep_threshold
+from gptforge.model.mask_reference import keep_threshold, layer_norm_chunks
 from gptforge.model.masks import apply_mask, keep_mask
-from gptforge.model.native import layer_norm_chunks, native_kernels
+from gptforge.model.native import cpu_kernels, native_kernels
 
 
 @contextlib.contextmanager
@@ -186,11 +186,9 @@ class ResidualDropout(torch.autograd.Function):
 
 def _add_kernel(x: torch.Tensor, y: torch.Tensor):  # noqa: ANN202 - a ctypes function or None
     """keep_mask.c's float32 + bf16 sum for plain CPU tensors of one shape, outside torch.compile."""
-    if not (x.device.type == "cpu" and x.dtype == torch.float32 and y.dtype == torch.bfloat16 and x.shape == y.shape):
+    if not (x.dtype == torch.float32 and y.dtype == torch.bfloat16 and x.shape == y.shape):
         return None
-    if type(x) is not torch.Tensor or type(y) is not torch.Tensor or torch.compiler.is_compiling():
-        return None
-    native = native_kernels()
+    native = cpu_kernels(x, y)
     return None if native is None else native.add_bf16
 
 
@@ -477,48 +475,3 @@ class RotaryNorm(torch.autograd.Function):
             B, H, T, hs, *x.stride()[:3], *dx.stride()[:3],
         )  # fmt: skip
         return dx, None, None
-
-
-class ReLU2(nn.Module):
-    """relu(x)^2 (nanochat's and modded-nanogpt's MLP activation), as one autograd step (SquaredReLU)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return SquaredReLU.apply(x)
-
-
-class SquaredReLU(torch.autograd.Function):
-    """relu(x)^2 in x's dtype. On a CPU, for a float32 or bf16 x, keep_mask.c's one pass each way (x kept, relu(x)
-    recomputed backward); elsewhere `r * r` with r = relu(x) kept, and `(g * r).mul_(2)` backward: not square()
-    (autocast would compute pow in float32 and copy the widest activation of the block twice). The same bits both
-    ways (torch's relu leaves -0 and NaN as they are; g r rounded before the doubling)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        kernels = _relu2_kernels(x)
-        ctx.kernels = kernels
-        if kernels is not None:  # one pass (torch's: relu, then the product)
-            x = x.contiguous()
-            h = torch.empty_like(x)
-            kernels[0](x.data_ptr(), h.data_ptr(), x.numel())
-            ctx.save_for_backward(x)
-            return h
-        r = F.relu(x)
-        ctx.save_for_backward(r)
-        return r * r
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        (saved,) = ctx.saved_tensors  # x with the kernels, relu(x) without
-        if ctx.kernels is not None:
-            grad, dx = grad.to(saved.dtype).contiguous(), torch.empty_like(saved)
-            ctx.kernels[1](grad.data_ptr(), saved.data_ptr(), dx.data_ptr(), saved.numel())
-            return dx
-        return (grad * saved).mul_(2.0)
-
-
-def _relu2_kernels(x: torch.Tensor):  # noqa: ANN202 - (forward, backward) or None
-    """keep_mask.c's relu(x)^2 for a plain CPU tensor of a dtype it has (float32, bf16), outside torch.compile."""
-    if x.device.type != "cpu" or type(x) is not torch.Tensor or x.numel() == 0 or torch.compiler.is_compiling():
-        return None
-    native = native_kernels()
-    return None if native is None else native.relu2.get(x.dtype)

@@ -2,7 +2,8 @@
 and its SplitMix64 words (`reference_keep`: keep_mask.c's masks, which draws them where nothing is compiled), a
 mask as 1.0 / 0.0 (`as_ones`) and its application by torch's products (`torch_masked`), the bit comparison that
 tells torch's NaNs apart (`same_bits`), and float64 references of the compiled RMSNorm after rotary, causal softmax
-and LayerNorm. model/native.py checks the compiled kernels against them at load; tests use them too."""
+and LayerNorm, with the LayerNorm backward's chunks of rows (`layer_norm_chunks`). model/native_checks.py checks the
+compiled kernels against them at load; tests use them too."""
 
 from __future__ import annotations
 
@@ -108,3 +109,11 @@ def layer_norm_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | Non
     x = x.double()
     y = (x - x.mean(-1, keepdim=True)) * (x.var(-1, unbiased=False, keepdim=True) + eps).rsqrt() * w.double()
     return y if b is None else y + b.double()
+
+
+LN_CHUNK = 128  # keep_mask.c's LayerNorm backward sums the weight's gradient over chunks of this many rows
+
+
+def layer_norm_chunks(rows: int) -> int:
+    """The chunks of rows keep_mask.c's LayerNorm backward needs scratch for (2 x n floats each)."""
+    return (rows + LN_CHUNK - 1) // LN_CHUNK
