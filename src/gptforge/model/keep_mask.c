@@ -195,12 +195,16 @@ static int64_t residual_fast_bf16(const float *x, const uint16_t *y, uint8_t *ke
  * type (torch's conversion, before the mask's gradient), then masked and scaled as gptforge_masked_*; x's gradient
  * is g itself. */
 #define RESIDUAL_DROPOUT(T)                                                                                        \
+    /* elements [lo, hi): AVX-512 chunks from a mask word's first lane, the rest portable */                      \
+    static inline void residual_range_##T(const float *x, const TYPE_##T *y, uint8_t *keep, float *out, int64_t lo, \
+                                          int64_t hi, uint64_t seed, int32_t threshold, float scale) {            \
+        const int64_t done = lo % 4 ? lo : RESIDUAL_FAST_##T(x, y, keep, out, lo, hi, seed, threshold, scale);    \
+        draw(keep + done, done, hi - done, seed, threshold);                                                       \
+        for (int64_t i = done; i < hi; i++) out[i] = x[i] + ROUND_##T(LOAD_##T(y, i) * (float)keep[i] * scale);    \
+    }                                                                                                              \
     void gptforge_residual_dropout_##T(const float *x, const TYPE_##T *y, uint8_t *keep, float *out, int64_t n,    \
                                        uint64_t seed, int32_t threshold, float scale) {                           \
-        IN_PARTS(0, n, n, 64, const int64_t done = RESIDUAL_FAST_##T(x, y, keep, out, lo, hi, seed, threshold, scale); \
-                 draw(keep + done, done, hi - done, seed, threshold);                                              \
-                 for (int64_t i = done; i < hi; i++)                                                               \
-                     out[i] = x[i] + ROUND_##T(LOAD_##T(y, i) * (float)keep[i] * scale););                         \
+        IN_PARTS(0, n, n, 64, residual_range_##T(x, y, keep, out, lo, hi, seed, threshold, scale););               \
     }                                                                                                              \
     void gptforge_residual_dropout_back_##T(const float *g, const uint8_t *keep, TYPE_##T *dy, int64_t n,          \
                                             float scale) {                                                         \
@@ -397,11 +401,8 @@ void gptforge_add_norm_bf16(const float *x, const uint16_t *y, uint8_t *keep, fl
                             uint16_t *h, float *mean, float *rstd, int64_t rows, int64_t n, uint64_t seed,
                             int32_t threshold, float scale, float eps) {
     IN_PARTS(0, rows, rows * n, 1, for (int64_t row = lo; row < hi; row++) {
-        const int64_t first = row * n, last = first + n;
-        const int64_t done = first % 4 ? first : RESIDUAL_FAST_bf16(x, y, keep, s, first, last, seed, threshold, scale);
-        draw(keep + done, done, last - done, seed, threshold);
-        for (int64_t i = done; i < last; i++) s[i] = x[i] + ROUND_bf16(LOAD_bf16(y, i) * (float)keep[i] * scale);
-        layer_norm_row(s + first, w, b, h + first, mean + row, rstd + row, n, eps);
+        residual_range_bf16(x, y, keep, s, row * n, row * n + n, seed, threshold, scale);
+        layer_norm_row(s + row * n, w, b, h + row * n, mean + row, rstd + row, n, eps);
     });
 }
 
