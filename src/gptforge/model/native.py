@@ -26,7 +26,10 @@ from gptforge.model.native_checks import failed_check
 
 SOURCE = Path(__file__).with_name("keep_mask.c")
 SWITCH = "GPTFORGE_NATIVE"  # 0 / off / false: no compiled kernel, masks by torch operations (the same masks)
-FLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fno-math-errno")  # sqrtf as one instruction, no libm
+# -fno-math-errno: sqrtf as one instruction, no libm. -fno-trapping-math: branches such as relu's `v < 0 ? 0 : v`
+# become vector selects without AVX-512's masked stores (an AVX2-only CPU's build kept relu(x)^2 a scalar loop with a
+# branch, 14x slower); the values are IEEE's either way, only floating-point exception flags are not kept
+FLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fno-math-errno", "-fno-trapping-math")
 
 # the compiled kernels: looked for once per process ([Native] or [None])
 _kernel: list = []
@@ -99,76 +102,82 @@ def _load() -> tuple[Native | None, str]:
         return None, "no C compiler found (install gcc, or set CC) for the compiled kernel"
     try:
         path = _compiled(compiler)
-        library = ctypes.CDLL(str(path))
-        keep, bf16, f32 = library.gptforge_keep_mask, library.gptforge_masked_bf16, library.gptforge_masked_f32
+        native = bind(ctypes.CDLL(str(path)))
     except (OSError, AttributeError, subprocess.SubprocessError) as e:
         return None, f"the compiled kernel could not be built or loaded ({e})"
+    failed = failed_check(native)
+    if failed:
+        return None, f"the compiled kernel ({path}): {failed}"
+    return native, ""
+
+
+def bind(library: ctypes.CDLL) -> Native:
+    """A loaded build of keep_mask.c's functions with their argument types, as Native (not yet checked: the
+    caller runs failed_check). AttributeError where the library lacks one."""
+    keep, bf16, f32 = library.gptforge_keep_mask, library.gptforge_masked_bf16, library.gptforge_masked_f32
     keep.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32]
     for function in (keep, bf16, f32):
         function.restype = None
     for function in (bf16, f32):
         function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
     rms, rms_back = {}, {}
-    try:
-        for pair in RMS_PAIRS:
-            rms[pair] = getattr(library, "gptforge_rms_{}_{}".format(*(_C_NAMES[d] for d in pair)))
-            rms[pair].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float]
-        for pair in RMS_BACK_PAIRS:
-            rms_back[pair] = getattr(library, "gptforge_rms_back_{}_{}".format(*(_C_NAMES[d] for d in pair)))
-            rms_back[pair].argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-        rope_rms = {}
-        for dtype, name in _C_NAMES.items():
-            forward, backward = (
-                getattr(library, f"gptforge_rope_rms_{name}"),
-                getattr(library, f"gptforge_rope_rms_back_{name}"),
-            )
-            forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float]
-            backward.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 10
-            rope_rms[dtype] = (forward, backward)
-        softmax = {}
-        for dtype, name in _C_NAMES.items():
-            forward, backward = (
-                getattr(library, f"gptforge_causal_softmax_{name}"),
-                getattr(library, f"gptforge_causal_softmax_back_{name}"),
-            )
-            forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_uint64, ctypes.c_int32]
-            forward.argtypes += [ctypes.c_void_p]  # set to 1 where a thread's row buffer could not be allocated
-            backward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
-            softmax[dtype] = (forward, backward)
-        threads = library.gptforge_threads
-        threads.argtypes, threads.restype = [], ctypes.c_int
-        layer_norm = (library.gptforge_layer_norm_f32_bf16, library.gptforge_layer_norm_back_bf16_f32)
-        layer_norm[0].argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_float]
-        layer_norm[1].argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2
-        residual = {}
-        for dtype, name in _C_NAMES.items():
-            forward, backward = (
-                getattr(library, f"gptforge_residual_dropout_{name}"),
-                getattr(library, f"gptforge_residual_dropout_back_{name}"),
-            )
-            forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float]
-            backward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float]
-            residual[dtype] = (forward, backward)
-        relu2 = {}
-        for dtype, name in _C_NAMES.items():
-            relu2[dtype] = (getattr(library, f"gptforge_relu2_{name}"), getattr(library, f"gptforge_relu2_back_{name}"))
-            relu2[dtype][0].argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64]
-            relu2[dtype][1].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
-        add_bf16 = library.gptforge_add_bf16
-        add_norm = (library.gptforge_add_norm_bf16, library.gptforge_add_norm_back_bf16)
-        add_norm[0].argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2 + [ctypes.c_uint64, ctypes.c_int32]
-        add_norm[0].argtypes += [ctypes.c_float] * 2
-        add_norm[1].argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int64] * 2 + [ctypes.c_float]
-        add_bf16.argtypes, add_bf16.restype = [ctypes.c_void_p] * 3 + [ctypes.c_int64], None
-        transpose, fast_rows = library.gptforge_transpose16, library.gptforge_fast_rows
-        transpose.argtypes, transpose.restype = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2, None
-        fast_rows.argtypes, fast_rows.restype = [], ctypes.c_int
-    except AttributeError as e:
-        return None, f"the compiled kernel could not be built or loaded ({e})"
+    for pair in RMS_PAIRS:
+        rms[pair] = getattr(library, "gptforge_rms_{}_{}".format(*(_C_NAMES[d] for d in pair)))
+        rms[pair].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float]
+    for pair in RMS_BACK_PAIRS:
+        rms_back[pair] = getattr(library, "gptforge_rms_back_{}_{}".format(*(_C_NAMES[d] for d in pair)))
+        rms_back[pair].argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    rope_rms = {}
+    for dtype, name in _C_NAMES.items():
+        forward, backward = (
+            getattr(library, f"gptforge_rope_rms_{name}"),
+            getattr(library, f"gptforge_rope_rms_back_{name}"),
+        )
+        forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+        backward.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 10
+        rope_rms[dtype] = (forward, backward)
+    softmax = {}
+    for dtype, name in _C_NAMES.items():
+        forward, backward = (
+            getattr(library, f"gptforge_causal_softmax_{name}"),
+            getattr(library, f"gptforge_causal_softmax_back_{name}"),
+        )
+        forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_uint64, ctypes.c_int32]
+        forward.argtypes += [ctypes.c_void_p]  # set to 1 where a thread's row buffer could not be allocated
+        backward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+        softmax[dtype] = (forward, backward)
+    threads = library.gptforge_threads
+    threads.argtypes, threads.restype = [], ctypes.c_int
+    layer_norm = (library.gptforge_layer_norm_f32_bf16, library.gptforge_layer_norm_back_bf16_f32)
+    layer_norm[0].argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+    layer_norm[1].argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2
+    residual = {}
+    for dtype, name in _C_NAMES.items():
+        forward, backward = (
+            getattr(library, f"gptforge_residual_dropout_{name}"),
+            getattr(library, f"gptforge_residual_dropout_back_{name}"),
+        )
+        forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float]
+        backward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float]
+        residual[dtype] = (forward, backward)
+    relu2 = {}
+    for dtype, name in _C_NAMES.items():
+        relu2[dtype] = (getattr(library, f"gptforge_relu2_{name}"), getattr(library, f"gptforge_relu2_back_{name}"))
+        relu2[dtype][0].argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64]
+        relu2[dtype][1].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+    add_bf16 = library.gptforge_add_bf16
+    add_norm = (library.gptforge_add_norm_bf16, library.gptforge_add_norm_back_bf16)
+    add_norm[0].argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2 + [ctypes.c_uint64, ctypes.c_int32]
+    add_norm[0].argtypes += [ctypes.c_float] * 2
+    add_norm[1].argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+    add_bf16.argtypes, add_bf16.restype = [ctypes.c_void_p] * 3 + [ctypes.c_int64], None
+    transpose, fast_rows = library.gptforge_transpose16, library.gptforge_fast_rows
+    transpose.argtypes, transpose.restype = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2, None
+    fast_rows.argtypes, fast_rows.restype = [], ctypes.c_int
     pairs = (*rope_rms.values(), *softmax.values(), layer_norm, *residual.values(), *relu2.values(), add_norm)
     for function in (*rms.values(), *rms_back.values(), *(f for pair in pairs for f in pair)):
         function.restype = None
-    native = Native(
+    return Native(
         keep,
         {torch.bfloat16: bf16, torch.float32: f32},
         rms,
@@ -184,10 +193,6 @@ def _load() -> tuple[Native | None, str]:
         transpose,
         bool(fast_rows()),
     )
-    failed = failed_check(native)
-    if failed:
-        return None, f"the compiled kernel ({path}): {failed}"
-    return native, ""
 
 
 def c_compiler() -> str | None:
