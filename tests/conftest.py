@@ -185,3 +185,12 @@ def loss_and_grads(model, idx, seed: int | None = None, bf16: bool = True, **kwa
         _, loss = model(idx, idx, **kwargs)
     loss.backward()
     return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is no such file)."""
+    path = Path("/proc/cpuinfo")
+    for line in path.read_text().splitlines() if path.exists() else ():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()

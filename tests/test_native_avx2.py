@@ -14,19 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cpu_flags
 from gptforge.model import native
 from gptforge.model.native_checks import failed_check
 
-
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 pytestmark = pytest.mark.skipif(
-    not Path("/proc/cpuinfo").exists() or not {"avx2", "fma"} <= cpu_flags() or native.c_compiler() is None,
+    not {"avx2", "fma"} <= cpu_flags() or native.c_compiler() is None,
     reason="not an x86 CPU with AVX2 and FMA, or no C compiler: an x86-64-v3 build cannot run here",
 )
 

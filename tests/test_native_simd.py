@@ -7,25 +7,18 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import cpu_flags
 from gptforge.model import mask_reference, native
 
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 
 
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 pytestmark = pytest.mark.skipif(
-    not Path("/proc/cpuinfo").exists() or not AVX512 <= cpu_flags() or native.c_compiler() is None,
+    not AVX512 <= cpu_flags() or native.c_compiler() is None,
     reason="no AVX-512 (F, BW, VL, DQ) or no C compiler here: the portable loops are the only ones built",
 )
 
