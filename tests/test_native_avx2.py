@@ -42,8 +42,7 @@ ELEMENTWISE = [
 def avx2_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     native.native_kernels()  # torch's OpenMP runtime is loaded: the library binds to it, as gptforge's own does
     path = tmp_path_factory.mktemp("avx2") / "keep_mask_v3.so"
-    command = [native.c_compiler(), *native.FLAGS, "-march=x86-64-v3", *native.openmp_flags()]
-    done = subprocess.run([*command, "-o", str(path), str(native.SOURCE)], capture_output=True, text=True, timeout=300)
+    done = native.build(native.c_compiler(), path, ("-march=x86-64-v3", *native.openmp_flags()))
     if done.returncode != 0 and "x86-64-v3" in done.stderr:
         pytest.skip(f"this compiler has no -march=x86-64-v3: {done.stderr.strip()[-200:]}")
     assert done.returncode == 0, done.stderr

@@ -6,7 +6,6 @@ and fully kept rows included."""
 from __future__ import annotations
 
 import ctypes
-import subprocess
 
 import pytest
 import torch
@@ -30,8 +29,8 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ctypes.CDLL]:
     libraries = {}
     for name, extra in (("avx512", ()), ("portable", ("-mno-avx512f",))):
         path = folder / f"{name}.so"
-        command = [native.c_compiler(), *native.FLAGS, "-march=native", *extra, *native.openmp_flags()]
-        subprocess.run([*command, "-o", str(path), str(native.SOURCE)], check=True, capture_output=True, timeout=300)
+        done = native.build(native.c_compiler(), path, ("-march=native", *extra, *native.openmp_flags()))
+        assert done.returncode == 0, done.stderr
         libraries[name] = ctypes.CDLL(str(path))
     return libraries
 

@@ -229,9 +229,7 @@ def _compiled(compiler: str) -> Path:
     os.close(fd)
     try:
         for extra in dict.fromkeys((("-march=native", *openmp), ("-march=native",), openmp, ())):
-            done = subprocess.run(
-                [compiler, *FLAGS, *extra, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
-            )
+            done = build(compiler, tmp, extra)
             if done.returncode == 0:
                 os.replace(tmp, target)
                 return target
@@ -240,6 +238,14 @@ def _compiled(compiler: str) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def build(compiler: str, target: str | Path, extra: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """keep_mask.c compiled into the library `target` with FLAGS and `extra` (-march=..., openmp_flags()); the
+    compiler's output captured, its status returned, not raised."""
+    return subprocess.run(
+        [compiler, *FLAGS, *extra, "-o", str(target), str(SOURCE)], capture_output=True, text=True, timeout=300
+    )
 
 
 def _cache_folder() -> Path:
