@@ -18,7 +18,7 @@ GROUPS = [
         "core.config_file",
         "core.config",
     ),  # settings, the model's shape: no torch
-    ("core.memory", "core.device", "core.distributed"),  # what it needs, where and how it runs
+    ("core.memory", "core.device", "core.distributed", "core.vml"),  # what it needs, where and how it runs
     # the network and its optimizers
     (
         "model.mask_reference",
