@@ -16,16 +16,15 @@ from gptforge.core.vml import VML_OPS
 # VML's name for a torch op where they differ
 VML_NAME = {"log": "Ln", "erfinv": "ErfInv"}
 
-# A fresh interpreter imports torch (and gptforge.model with "warm"), then forks CHILDREN processes one after the
-# other: each runs every VML op twice on 262,144 values with two threads and exits 1 where the first call (the one
-# that picks the kernels, racing on two threads) differs from the second. Forked children start with VML's
-# kernels unpicked unless the parent picked them; no parallel region runs in the parent, so forking is safe.
+# A fresh interpreter imports torch and gptforge.model, then forks CHILDREN processes one after the other: each
+# runs every VML op twice on 262,144 values with two threads and exits 1 where the first call (the one that picks
+# the kernels, racing on two threads) differs from the second. Forked children start with VML's kernels picked
+# only because the parent picked them; no parallel region runs in the parent, so forking is safe.
 STORM = r"""
 import os, sys
 import torch
-if sys.argv[1] == "warm":
-    import gptforge.model
-ops, children = sys.argv[2].split(","), int(sys.argv[3])
+import gptforge.model
+ops, children = sys.argv[1].split(","), int(sys.argv[2])
 
 def child():
     torch.set_num_threads(2)
@@ -70,7 +69,7 @@ def test_a_fresh_process_first_parallel_vml_calls_are_accurate_after_the_import(
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         r = subprocess.run(
-            [sys.executable, "-c", STORM, "warm", ",".join(VML_OPS), "100"],
+            [sys.executable, "-c", STORM, ",".join(VML_OPS), "100"],
             capture_output=True,
             text=True,
             timeout=600,

@@ -17,8 +17,6 @@ Harmless where torch has no MKL: the same ops on one value."""
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 # the torch ops that reach VML (vms* / vmd* in libtorch_cpu): acos ... trunc; log is VML's Ln
@@ -40,20 +38,11 @@ VML_OPS = (
     "tanh",
     "trunc",
 )
-_lock = threading.Lock()
-_done: list[bool] = []
 
 
 def warm_vml() -> None:
-    """Call every VML_OPS op once on one float32 and one float64 value (0.5: inside every domain), once per
-    process; later calls return at once."""
-    if _done:
-        return
-    with _lock:
-        if _done:
-            return
-        for dtype in (torch.float32, torch.float64):
-            x = torch.full((1,), 0.5, dtype=dtype, device="cpu")  # even under a default device
-            for name in VML_OPS:
-                getattr(torch, name)(x)
-        _done.append(True)
+    """Call every VML_OPS op once on one float32 and one float64 value (0.5: inside every domain)."""
+    for dtype in (torch.float32, torch.float64):
+        x = torch.full((1,), 0.5, dtype=dtype, device="cpu")  # even under a default device
+        for name in VML_OPS:
+            getattr(torch, name)(x)
