@@ -227,3 +227,36 @@ def test_a_resumed_run_orthogonalises_in_its_own_muon_dtype_not_the_checkpoints(
         resumed = optimizer("bfloat16")
         load_optimizer_state(model, resumed, {"optimizer": state}, fsdp=False, path="ckpt.pt")
         assert [g.get("ns_dtype") for g in resumed.param_groups if g["kind"] == "muon"] == ["bfloat16"]
+
+
+def test_a_resumed_run_steps_with_its_own_settings_and_the_checkpoints_moments():
+    """Settings changed on resume (start.py announces them) take effect: every group's hyperparameters come from
+    the resuming run, the moments and step counts from the checkpoint. torch's load_state_dict alone keeps the
+    checkpoint's lr_scale (muon_lr), betas, weight decay and momentum, so `--muon_lr=0.03` on resume changed
+    nothing but the message."""
+    from gptforge.train.runstate import load_optimizer_state
+
+    model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
+    old = dict(optimizer="muon", muon_lr=0.05, muon_momentum=0.95, weight_decay=0.1, beta2=0.95)
+    new = dict(optimizer="muon", muon_lr=0.03, muon_momentum=0.9, weight_decay=0.0, beta2=0.99)
+
+    def optimizer(settings: dict) -> torch.optim.Optimizer:
+        cfg = TrainConfig(**settings)
+        return configure_optimizer(model, cfg.weight_decay, 1e-3, (0.9, cfg.beta2), "cpu", muon_settings(cfg))
+
+    before = optimizer(old)
+    x = torch.randint(0, 37, (2, 16))
+    model(x, x)[1].backward()
+    before.step()
+    saved = before.state_dict()
+    resumed = optimizer(new)
+    load_optimizer_state(model, resumed, {"optimizer": saved}, fsdp=False, path="ckpt.pt")
+    fresh = optimizer(new)
+    for got, want in zip(resumed.param_groups, fresh.param_groups, strict=True):
+        assert {k: v for k, v in got.items() if k != "params"} == {k: v for k, v in want.items() if k != "params"}
+    muon = next(g for g in resumed.param_groups if g["kind"] == "muon")
+    assert muon["lr_scale"] == pytest.approx(30.0) and muon["momentum"] == 0.9
+    assert {g["betas"] for g in resumed.param_groups if g["kind"] == "adamw"} == {(0.9, 0.99)}
+    for p in model.parameters():  # the moments are the checkpoint's
+        for key, value in before.state[p].items():
+            assert torch.equal(resumed.state[p][key], value), key

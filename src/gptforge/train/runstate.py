@@ -55,14 +55,16 @@ def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: 
     return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
 
 
-THIS_RUNS = ("ns_dtype",)  # group settings the resuming run's own options decide, not the checkpoint (muon_dtype)
-
-
 def load_optimizer_state(model, optimizer, ckpt: dict[str, Any], fsdp: bool, path: str) -> None:
     """Resume the optimizer from a checkpoint written by one process / DDP ('torch': states keyed by position) or
     by FSDP ('fqn': keyed by parameter name), in either kind of run: a 'torch' state goes to FSDP through its
-    names (`named_optimizer_state`), an 'fqn' one to a plain model through torch's state-dict helpers."""
-    ours = [{k: g[k] for k in THIS_RUNS if k in g} for g in optimizer.param_groups]
+    names (`named_optimizer_state`), an 'fqn' one to a plain model through torch's state-dict helpers.
+
+    The checkpoint gives the state (moments, momentum buffers, step counts); the resuming run's own settings give
+    every group's hyperparameters (lr_scale from muon_lr, betas, weight_decay, momentum, ns_dtype...), which
+    torch's load_state_dict would take from the checkpoint instead: a setting changed on resume, which start.py
+    announces, then takes effect (nanoGPT's train.py keeps the checkpoint's betas and weight decay silently)."""
+    ours = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     fqn = ckpt.get("optimizer_format") == "fqn"
     if not fqn and not fsdp:
         optimizer.load_state_dict(ckpt["optimizer"])
