@@ -260,3 +260,95 @@ def test_a_resumed_run_steps_with_its_own_settings_and_the_checkpoints_moments()
     for p in model.parameters():  # the moments are the checkpoint's
         for key, value in before.state[p].items():
             assert torch.equal(resumed.state[p][key], value), key
+
+
+def test_a_split_qkv_step_orthogonalises_the_query_key_and_value_rows_each_alone():
+    """muon_split_qkv: c_attn's gradient (3C x C) is three C x C matrices, each orthogonalised alone and stepped at
+    a square matrix's scale (1), while the same step without the split orthogonalises the whole (scale sqrt 3).
+    The reference is orthogonalize per block, and the blocks' result is near each block's SVD polar factor."""
+    torch.manual_seed(0)
+    c = 16
+    grads = [torch.randn(3 * c, c) for _ in range(2)]
+    for split in (True, False):
+        w, v = torch.nn.Parameter(torch.randn(3 * c, c)), torch.nn.Parameter(torch.randn(c, c))
+        start, other = w.detach().clone(), v.detach().clone()
+        group = dict(params=[w, v], kind="muon", lr=0.05, momentum=0.95, momentum_warmup=300)
+        opt = MuonAdamW([{**group, "row_blocks": [3, 1]} if split else group])
+        buf, vbuf = torch.zeros(3 * c, c), torch.zeros(c, c)
+        for step, grad in enumerate(grads, start=1):
+            w.grad, v.grad = grad.clone(), grad[:c].clone()
+            opt.step()
+            momentum = 0.85 + min(step / 300, 1.0) * (0.95 - 0.85)
+            buf, vbuf = momentum * buf + grad, momentum * vbuf + grad[:c]
+            direction = grad + momentum * buf
+            if split:
+                update = torch.cat([orthogonalize(block) for block in direction.split(c)])
+                assert (update[c : 2 * c] - polar(direction[c : 2 * c])).abs().max() < 0.35  # Muon's loose fit
+            else:
+                update = orthogonalize(direction) * 3**0.5
+            start -= 0.05 * update
+            other -= 0.05 * orthogonalize(grad[:c] + momentum * vbuf)  # the plain matrix beside it, unchanged
+        torch.testing.assert_close(w.detach(), start, rtol=0, atol=1e-6)
+        torch.testing.assert_close(v.detach(), other, rtol=0, atol=1e-6)
+
+
+def test_split_qkv_marks_the_attentions_fused_matrices_only():
+    model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=2, n_embd=32))
+    names = {id(p): n for n, p in model.named_parameters()}
+    for split in (True, False):
+        cfg = TrainConfig(optimizer="muon", muon_split_qkv=split)
+        muon_group = configure_optimizer(model, 0.1, 1e-3, (0.9, 0.95), "cpu", muon_settings(cfg)).param_groups[-1]
+        if not split:
+            assert "row_blocks" not in muon_group
+            continue
+        marked = {names[id(p)]: k for p, k in zip(muon_group["params"], muon_group["row_blocks"], strict=True)}
+        assert {n for n, k in marked.items() if k == 3} == {f"transformer.h.{i}.attn.c_attn.weight" for i in (0, 1)}
+        assert set(marked.values()) == {1, 3}
+    with pytest.raises(ValueError, match="row_blocks"):
+        MuonAdamW([dict(params=[torch.nn.Parameter(torch.randn(10, 4))], kind="muon", row_blocks=[3])])
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_embedding_lr_scale_steps_the_embedding_as_adamw_at_that_multiple(optimizer):
+    """The untied embedding in a group of its own at scale x the learning rate (the schedule keeps the ratio: the
+    training loop sets each group's lr to lr x lr_scale), stepping as torch's AdamW at that rate; the head and
+    the rest as before."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32, untie_head=True))
+    cfg = TrainConfig(optimizer=optimizer, untie_head=True, embedding_lr_scale=10.0)
+    opt = configure_optimizer(model, 0.1, 1e-3, (0.9, 0.95), "cpu", muon_settings(cfg), cfg.embedding_lr_scale)
+    wte, head = model.transformer.wte.weight, model.lm_head.weight
+    (emb_group,) = [g for g in opt.param_groups if any(p is wte for p in g["params"])]
+    assert emb_group["params"] == [wte] and emb_group["lr_scale"] == 10.0 and emb_group["weight_decay"] == 0.1
+    assert not any(p is head for p in emb_group["params"])
+    assert len(opt.param_groups) == (4 if optimizer == "muon" else 3) and opt.param_groups[2] is emb_group
+    reference = wte.detach().clone().requires_grad_()
+    theirs = torch.optim.AdamW([reference], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
+    for _ in range(3):
+        for group in opt.param_groups:
+            group["lr"] = 1e-3 * group.get("lr_scale", 1.0)  # what the training loop does at every step
+        x = torch.randint(0, 37, (2, 16))
+        opt.zero_grad()
+        model(x, x)[1].backward()
+        reference.grad = wte.grad.clone()
+        opt.step()
+        theirs.step()
+    torch.testing.assert_close(wte.detach(), reference.detach(), rtol=0, atol=1e-6)
+    tied = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
+    with pytest.raises(ValueError, match="tied"):
+        configure_optimizer(tied, 0.1, 1e-3, (0.9, 0.95), "cpu", None, 10.0)
+
+
+def test_a_run_resumed_without_split_qkv_orthogonalises_whole_matrices_again():
+    from gptforge.train.runstate import load_optimizer_state
+
+    model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
+
+    def optimizer(split: bool) -> torch.optim.Optimizer:
+        cfg = TrainConfig(optimizer="muon", muon_split_qkv=split)
+        return configure_optimizer(model, 0.1, 1e-3, (0.9, 0.95), "cpu", muon_settings(cfg))
+
+    for saved, now in ((True, False), (False, True)):
+        resumed = optimizer(now)
+        load_optimizer_state(model, resumed, {"optimizer": optimizer(saved).state_dict()}, fsdp=False, path="x")
+        assert ("row_blocks" in resumed.param_groups[-1]) == now

@@ -49,6 +49,13 @@ ROWS = [  # (start, options, exit code, words the output must hold)
     ("resume", ["--n_layer=3"], 2, ["--n_layer=3: the run in", "has n_layer=2"]),
     ("resume", ["--rotary=True"], 2, ["--rotary=True: the run in", "keeps its shape"]),
     ("resume", ["--optimizer=muon"], 2, ["--optimizer=muon:", "holds adamw's optimizer state"]),
+    ("scratch", ["--embedding_lr_scale=10.0"], 2, ["--embedding_lr_scale=10.0: the embedding is tied to the output"]),
+    (
+        "scratch",
+        ["--untie_head=True", "--embedding_lr_scale=10.0", "--optimizer=muon", "--muon_split_qkv=True"],
+        0,
+        ["untie_head", "optimizer muon"],
+    ),  # fmt: skip
     ("resume", ["--dropout=0.1"], 0, ["changed from the run's config.json: dropout 0.0 -> 0.1"]),
     ("resume", ["--learning_rate=0.001"], 0, ["learning_rate 0.003 -> 0.001"]),
     ("auto, a checkpoint", ["--rmsnorm=True"], 2, ["--rmsnorm=True: the run in", "keeps its shape"]),
@@ -83,3 +90,27 @@ def test_an_option_applies_is_refused_or_is_named(starts, tmp_path, how, options
         for option in options:
             key, value = option[2:].split("=")
             assert str(saved[key]) == value, (key, saved[key])
+
+
+def test_a_resume_that_moves_the_embedding_into_or_out_of_its_own_group_is_refused(starts, tmp_path):
+    """embedding_lr_scale 1 and any other value lay the optimizer state out differently (the embedding in a group
+    of its own): a resume across them is exit 2 naming the flag, writing nothing; another value than 1 on both
+    sides resumes, the new one applied."""
+    out = tmp_path / "untied"
+    untied = ["--untie_head=True", "--optimizer=muon"]
+    first = run_cli("train", *start(starts, "scratch", out), *untied, "--max_iters=4", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    r = run_cli("train", *start(starts, "resume", out), "--embedding_lr_scale=4.0", cwd=tmp_path)
+    text = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2 and "Traceback" not in text, text
+    assert "--embedding_lr_scale=4.0:" in text and "resume with --embedding_lr_scale=1.0" in text, text
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
+    other = tmp_path / "scaled"
+    scaled = run_cli("train", *start(starts, "scratch", other), *untied, "--embedding_lr_scale=4.0", "--max_iters=4",
+                     cwd=tmp_path)  # fmt: skip
+    assert scaled.returncode == 0, scaled.stderr
+    r = run_cli("train", *start(starts, "resume", other), "--embedding_lr_scale=2.0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "embedding_lr_scale 4.0 -> 2.0" in " ".join(r.stdout.split())
+    assert json.loads((other / "config.json").read_text())["embedding_lr_scale"] == 2.0

@@ -253,3 +253,11 @@ def test_eval_loss_on_a_chat_dataset_is_the_mean_over_its_trained_tokens(chat_da
             total += model(x, y, positions=positions, reduction="sum")[1].item()
             count += int((y != -1).sum())
     assert count > 0 and printed == pytest.approx(total / count, abs=6e-5)
+
+
+def test_a_batch_warm_up_on_a_chat_dataset_is_refused(chat_data, tmp_path):
+    """Its rows' losses are weighted over the whole step's trained tokens: cutting rows would misweight them."""
+    args = tiny_train_args(chat_data, tmp_path / "out", dataset="talk", block_size=ROW)
+    r = run_cli("train", *args, "--task=sft", "--batch_warmup_iters=2", "--batch_warmup_size=2", cwd=tmp_path)
+    assert r.returncode == 2 and "--batch_warmup_iters=2: a chat dataset" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()

@@ -105,6 +105,7 @@ class Mode:
             (cfg.beta1, cfg.beta2),
             "cuda" if fused else "cpu",
             muon_settings(cfg) if fast else None,  # the baseline is nanoGPT's AdamW (BASELINE)
+            cfg.embedding_lr_scale if fast else 1.0,
         )
         self.model = torch.compile(self.raw) if self.compile else self.raw
         self.ctx = autocast_context(dev, self.dtype)

@@ -214,7 +214,7 @@ def _train_to_target(run, name: str, goal: tuple[str, float], every: int, eval_t
         "stopped": result,
         "seconds": train_s,
         "steps": step,
-        "tokens": step * run.tokens_per_iter,
+        "tokens": run.tokens_before(step),
         "val_loss": last["val_loss"],
         "val_bpb": last["val_bpb"],
         "se": last["se"],  # of the metric raced

@@ -87,6 +87,15 @@ class TrainConfig(ModelShape):
         5 * 8, "micro-batches per optimizer step, summed over all processes (nanoGPT: 40 = 5 x 8 GPUs)", positive
     )
     batch_size: int = setting(12, "sequences per micro-batch per process", positive)
+    batch_warmup_iters: int = setting(
+        0,
+        "the first this many steps train on batch_warmup_size of each micro-batch's batch_size sequences (small "
+        "batches while the loss falls fast: the same progress a step for fewer tokens); 0 = off",
+        not_negative,
+    )
+    batch_warmup_size: int = setting(
+        0, "batch_warmup_iters > 0: sequences per micro-batch in those steps, 1 to batch_size", not_negative
+    )
     data_loader: str = setting(
         "auto",
         "'random' (nanoGPT: random windows), 'sharded' (build-nanogpt: sequential over shards, rank-aware), "
@@ -111,6 +120,12 @@ class TrainConfig(ModelShape):
     learning_rate: float = setting(
         6e-4, "peak learning rate (GPT-3 paper's value for 125M)", not_negative, section="AdamW"
     )
+    embedding_lr_scale: float = setting(
+        1.0,
+        "the token embedding's peak learning rate as a multiple of learning_rate (AdamW, on the same schedule); "
+        "not 1 needs untie_head=True (a tied embedding is also the output head)",
+        not_negative,
+    )
     max_iters: int = setting(600000, "optimizer steps to train for", not_negative)
     weight_decay: float = setting(1e-1, "AdamW weight decay, applied to matrices and embeddings only", not_negative)
     beta1: float = setting(0.9, "AdamW beta1", below_one)
@@ -132,6 +147,11 @@ class TrainConfig(ModelShape):
         "auto",
         "optimizer='muon': the dtype of the Newton-Schulz iterations: 'bfloat16', 'float32', or 'auto' (bfloat16 on "
         "CUDA and on CPUs with bf16 hardware, float32 where it is emulated)",
+    )
+    muon_split_qkv: bool = setting(
+        False,
+        "optimizer='muon': orthogonalise the attention's query, key and value matrices each on its own (modded-"
+        "nanogpt's way) instead of their fused c_attn matrix as one",
     )
     max_bad_steps: int = setting(
         10,
@@ -351,6 +371,11 @@ def derived_accumulation(values: dict[str, Any], explicit: set[str]) -> int:
 def validate(cfg: TrainConfig) -> None:
     """Checks that need no data or device: each key's own (its field's check), then those between keys."""
     check_fields(cfg)
+    if cfg.batch_warmup_iters and not 1 <= cfg.batch_warmup_size <= cfg.batch_size:
+        raise UserError(
+            f"--batch_warmup_iters={cfg.batch_warmup_iters} needs --batch_warmup_size from 1 to batch_size "
+            f"({cfg.batch_size}), got {cfg.batch_warmup_size}: the sequences each micro-batch trains on in those steps"
+        )
     if cfg.n_embd % cfg.n_head:
         raise UserError(
             f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head} (each head gets n_embd / "

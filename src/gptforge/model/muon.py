@@ -88,8 +88,10 @@ NS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 class MuonAdamW(EagerMethods, torch.optim.Optimizer):
     """Parameter groups with kind='muon' (2-D matrices) or kind='adamw'. Muon groups: lr, momentum (Nesterov),
-    momentum_warmup (steps over which momentum rises from 0.85 to its value), weight_decay, ns_steps. AdamW
-    groups: lr, betas, eps, weight_decay (decoupled, as torch.optim.AdamW)."""
+    momentum_warmup (steps over which momentum rises from 0.85 to its value), weight_decay, ns_steps, and
+    row_blocks (optional, one int per parameter: a matrix of k row blocks is orthogonalised as k matrices, each
+    scaled as its own; 3 for a fused query/key/value matrix, as modded-nanogpt keeps them apart). AdamW groups:
+    lr, betas, eps, weight_decay (decoupled, as torch.optim.AdamW)."""
 
     def __init__(self, groups: Iterable[dict[str, Any]]):
         defaults = dict(
@@ -107,6 +109,12 @@ class MuonAdamW(EagerMethods, torch.optim.Optimizer):
         for group in self.param_groups:
             if group["kind"] == "muon" and any(p.dim() != 2 for p in group["params"]):
                 raise ValueError("Muon groups take 2-D matrices only")
+            blocks = group.get("row_blocks")
+            if blocks is not None and (
+                len(blocks) != len(group["params"])
+                or any(p.size(0) % k for p, k in zip(group["params"], blocks, strict=True))
+            ):
+                raise ValueError("row_blocks: one count per parameter, each dividing its matrix's rows")
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 - torch's signature
@@ -131,35 +139,44 @@ class MuonAdamW(EagerMethods, torch.optim.Optimizer):
         return loss
 
     def _muon(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
-        """The Nesterov momentum of each matrix, orthogonalised (matrices of one shape together, in one stack),
-        scaled to the same update RMS for tall and wide matrices, and stepped along."""
+        """The Nesterov momentum of each matrix (or of each of its row blocks), orthogonalised (matrices of one
+        shape together, in one stack), scaled to the same update RMS for tall and wide matrices, and stepped along."""
         ns_dtype = NS_DTYPES[group.get("ns_dtype", "float32")]  # a checkpoint's group from before the key: float32
-        by_shape: dict[tuple[int, ...], list[tuple[torch.Tensor, float]]] = {}
+        blocks = dict(zip(map(id, group["params"]), group.get("row_blocks") or [1] * len(group["params"]), strict=True))
+        by_shape: dict[tuple[int, int], list[tuple[torch.Tensor, float, int]]] = {}
         for p in params:
             momentum = _momentum(self.state[p]["step"].item(), group)
             buf = self.state[p]["exp_avg"]
             buf.mul_(momentum).add_(p.grad)
+            k = blocks[id(p)]
             if hasattr(buf, "full_tensor"):  # FSDP: a shard of the matrix on each rank
                 direction = p.grad.add(buf, alpha=momentum)  # Nesterov: the gradient plus the momentum it leads to
-                self._apply(p, _orthogonalize_whole(direction, group["ns_steps"], ns_dtype), group)
+                self._apply(p, _orthogonalize_whole(direction, group["ns_steps"], ns_dtype, k), group, k)
             else:
-                by_shape.setdefault(tuple(p.shape), []).append((p, momentum))
-        for shape, pairs in by_shape.items():
-            # each direction written straight into its place in the stack (float32), one pass instead of three
-            stack = torch.empty(len(pairs), *shape, dtype=torch.float32, device=pairs[0][0].device)
-            for i, (p, momentum) in enumerate(pairs):  # Nesterov: the gradient plus the momentum it leads to
+                by_shape.setdefault((p.size(0) // k, p.size(1)), []).append((p, momentum, k))
+        for shape, entries in by_shape.items():
+            # each direction written straight into its place in the stack (float32), one pass instead of three;
+            # a matrix of k row blocks takes k places, its rows in order
+            stack = torch.empty(sum(k for *_, k in entries), *shape, dtype=torch.float32, device=entries[0][0].device)
+            at = 0
+            for p, momentum, k in entries:  # Nesterov: the gradient plus the momentum it leads to
+                place = stack[at : at + k].view(p.shape)
                 if p.grad.dtype == torch.float32:
-                    torch.add(p.grad, self.state[p]["exp_avg"], alpha=momentum, out=stack[i])
+                    torch.add(p.grad, self.state[p]["exp_avg"], alpha=momentum, out=place)
                 else:  # summed in the gradient's dtype, then widened
-                    stack[i] = p.grad.add(self.state[p]["exp_avg"], alpha=momentum)
-            updates = orthogonalize(stack if len(pairs) > 1 else stack[0], group["ns_steps"], dtype=ns_dtype)
-            for i, (p, _) in enumerate(pairs):
-                self._apply(p, updates[i] if len(pairs) > 1 else updates, group)
+                    place.copy_(p.grad.add(self.state[p]["exp_avg"], alpha=momentum))
+                at += k
+            updates = orthogonalize(stack if len(stack) > 1 else stack[0], group["ns_steps"], dtype=ns_dtype)
+            updates = updates if len(stack) > 1 else updates.unsqueeze(0)  # a tall one comes back transposed
+            at = 0
+            for p, _, k in entries:
+                self._apply(p, updates[at] if k == 1 else updates[at : at + k].reshape(p.shape), group, k)
+                at += k
 
     @staticmethod
-    def _apply(p: torch.Tensor, update: torch.Tensor, group: dict[str, Any]) -> None:
-        # the same update RMS for tall and wide matrices of the same size
-        scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
+    def _apply(p: torch.Tensor, update: torch.Tensor, group: dict[str, Any], row_blocks: int = 1) -> None:
+        # the same update RMS for tall and wide matrices of the same size (each row block a matrix of its own)
+        scale = max(1.0, p.size(0) / row_blocks / p.size(1)) ** 0.5
         if group["weight_decay"]:  # a product by 1 changes nothing: not a pass over p
             p.mul_(1.0 - group["lr"] * group["weight_decay"])
         p.add_(update.to(p.dtype), alpha=-group["lr"] * scale)
@@ -184,13 +201,18 @@ def _momentum(step: float, group: dict[str, Any]) -> float:
     return 0.85 + warm * (group["momentum"] - 0.85)
 
 
-def _orthogonalize_whole(direction: torch.Tensor, steps: int, dtype: torch.dtype) -> torch.Tensor:
+def _orthogonalize_whole(direction: torch.Tensor, steps: int, dtype: torch.dtype, row_blocks: int = 1) -> torch.Tensor:
     """Muon's update of a sharded matrix (an FSDP2 DTensor): every rank gathers the whole matrix, orthogonalises
     it (the same arithmetic on every rank, so the same result) and keeps its own shard, as a DTensor placed
     like the parameter. The same update as one process computes, at the price of an all-gather per matrix and
     each rank repeating the iteration."""
     from torch.distributed.tensor import distribute_tensor
 
-    whole = orthogonalize(direction.full_tensor().float(), steps, dtype=dtype).to(direction.dtype)
+    whole = direction.full_tensor().float()
+    if row_blocks > 1:  # each row block a matrix of its own, in one stack
+        blocks = whole.view(row_blocks, whole.size(0) // row_blocks, whole.size(1))
+        whole = orthogonalize(blocks, steps, dtype=dtype).reshape(whole.shape).to(direction.dtype)
+    else:
+        whole = orthogonalize(whole, steps, dtype=dtype).to(direction.dtype)
     # src_data_rank=None: each rank slices its own copy (all equal), no scatter from rank 0
     return distribute_tensor(whole, direction.device_mesh, direction.placements, src_data_rank=None)

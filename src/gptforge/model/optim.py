@@ -21,25 +21,35 @@ def configure_optimizer(
     learning_rate: float,
     betas: tuple[float, float],
     device_type: str,
-    muon: dict[str, float] | None = None,
+    muon: dict[str, Any] | None = None,
+    embedding_lr_scale: float = 1.0,
 ) -> torch.optim.Optimizer:
     """AdamW where only tensors of 2 or more dimensions (matmul weights, embeddings) are decayed.
 
     Biases and LayerNorm gains are left alone: shrinking them towards zero only hurts. The fused kernel is
     used on CUDA (one launch for all parameters instead of several per tensor).
 
-    muon={'lr': .., 'momentum': .., 'warmup': .., 'dtype': 'float32' | 'bfloat16'}: the blocks' 2-D matrices go
-    to Muon instead (no weight decay, as the published recipes; Newton-Schulz in `dtype`), in one MuonAdamW; every
-    group carries `lr_scale`, its peak over learning_rate.
+    muon={'lr': .., 'momentum': .., 'warmup': .., 'dtype': 'float32' | 'bfloat16', 'split_qkv': bool}: the blocks'
+    2-D matrices go to Muon instead (no weight decay, as the published recipes; Newton-Schulz in `dtype`; split_qkv:
+    each fused c_attn matrix as its query, key and value matrices), in one MuonAdamW. Every group carries
+    `lr_scale`, its peak over learning_rate. embedding_lr_scale != 1: the token embedding (untied) in a group of
+    its own after the first two, at that multiple of learning_rate.
     """
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}  # tied weights appear once
     hidden = {n for n, p in params.items() if muon is not None and p.dim() == 2 and ".h." in f".{n}"}
-    decay = [p for n, p in params.items() if p.dim() >= 2 and n not in hidden]
+    embedding = {n for n in params if n.endswith("wte.weight")} if embedding_lr_scale != 1.0 else set()
+    every = [q for _, q in model.named_parameters(remove_duplicate=False)] if embedding else []
+    if any(sum(q is params[n] for q in every) > 1 for n in embedding):
+        raise ValueError("embedding_lr_scale: the embedding is tied to the output head (untie_head=False)")
+    decay = [p for n, p in params.items() if p.dim() >= 2 and n not in hidden and n not in embedding]
     no_decay = [p for p in params.values() if p.dim() < 2]
-    groups = [
+    groups: list[dict[str, Any]] = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if embedding:
+        group = {"params": [params[n] for n in embedding], "weight_decay": weight_decay}
+        groups.append({**group, "lr": learning_rate * embedding_lr_scale, "lr_scale": embedding_lr_scale})
     if muon is None:
         from gptforge.model.eager_optim import EagerAdamW
 
@@ -48,27 +58,36 @@ def configure_optimizer(
     from gptforge.model.muon import MuonAdamW
 
     for group in groups:
-        group.update(kind="adamw", lr=learning_rate, betas=betas, lr_scale=1.0)
-    groups.append(
-        dict(
-            params=[params[n] for n in params if n in hidden],
-            kind="muon",
-            lr=muon["lr"],
-            lr_scale=muon["lr"] / learning_rate,
-            momentum=muon["momentum"],
-            momentum_warmup=int(muon["warmup"]),
-            weight_decay=0.0,
-            ns_dtype=muon.get("dtype", "float32"),
-        )
+        scale = group.get("lr_scale", 1.0)
+        group.update(kind="adamw", lr=learning_rate * scale, betas=betas, lr_scale=scale)
+    matrices = [n for n in params if n in hidden]
+    muon_group = dict(
+        params=[params[n] for n in matrices],
+        kind="muon",
+        lr=muon["lr"],
+        lr_scale=muon["lr"] / learning_rate,
+        momentum=muon["momentum"],
+        momentum_warmup=int(muon["warmup"]),
+        weight_decay=0.0,
+        ns_dtype=muon.get("dtype", "float32"),
     )
+    if muon.get("split_qkv"):  # c_attn is (3 n_embd, n_embd): query, key and value rows, in that order
+        muon_group["row_blocks"] = [3 if n.endswith("attn.c_attn.weight") else 1 for n in matrices]
+    groups.append(muon_group)
     return MuonAdamW(groups)
 
 
-def muon_settings(cfg: Any) -> dict[str, float] | None:
+def muon_settings(cfg: Any) -> dict[str, Any] | None:
     """configure_optimizer's `muon` argument from a TrainConfig: None unless optimizer='muon'."""
     if cfg.optimizer != "muon":
         return None
-    return {"lr": cfg.muon_lr, "momentum": cfg.muon_momentum, "warmup": cfg.muon_warmup, "dtype": muon_dtype(cfg)}
+    return {
+        "lr": cfg.muon_lr,
+        "momentum": cfg.muon_momentum,
+        "warmup": cfg.muon_warmup,
+        "dtype": muon_dtype(cfg),
+        "split_qkv": cfg.muon_split_qkv,
+    }
 
 
 def muon_dtype(cfg: Any) -> str:
@@ -131,7 +150,7 @@ def get_lr(
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-def accumulate_gradients(model, batch, batches, accum: int, ctx, scaler, sync=None):
+def accumulate_gradients(model, batch, batches, accum: int, ctx, scaler, sync=None, rows: int | None = None):
     """Forward and backward over `accum` micro-batches, starting with `batch`, summing gradients in .grad.
 
     Returns (the step's loss as a tensor, the next step's first batch, the loader's state before it was drawn).
@@ -141,14 +160,15 @@ def accumulate_gradients(model, batch, batches, accum: int, ctx, scaler, sync=No
     processes), so the step's loss is the mean over every trained target of the step, and a micro-batch without
     one adds nothing. The next batch is fetched before backward: on a GPU the copy overlaps the compute.
     `sync(last)`, when given, turns the gradient all-reduce (DDP) / reduce-scatter (FSDP) on for the last
-    micro-batch only.
+    micro-batch only. `rows` (batch_warmup_size): each micro-batch (X, Y) trains on its first `rows` sequences; the
+    loader draws whole batches as ever, so the data that follows and a resume's state do not change.
     """
     loss_sum = torch.zeros((), device=batch[0].device)
     for micro_step in range(accum):
         if sync is not None:
             sync(micro_step == accum - 1)  # communicate once per step, not once per micro-batch
         with ctx:
-            loss = batch_loss(model, batch, accum)
+            loss = batch_loss(model, batch if rows is None else (batch[0][:rows], batch[1][:rows]), accum)
         if micro_step == accum - 1:
             data_state = batches.state_dict()  # what a resume must restore to draw the same next batch
         batch = batches.next_batch()

@@ -88,12 +88,13 @@ def train_loop(run: Run, stop: StopFlag) -> dict[str, Any]:
         # --- one training step ---------------------------------------------------------------------------------
         t0 = time.perf_counter()
         loss, grad_norm, finite = train_step(run)
+        share = (run.rows(step) or cfg.batch_size) / cfg.batch_size  # of the tokens and FLOPs of a whole step
         if finite and step % cfg.log_interval == 0:
             lossf, normf = torch.stack([all_reduce_mean(loss, run.env), grad_norm.float()]).tolist()  # host sync
-            timer.add(time.perf_counter() - t0)
+            timer.add(time.perf_counter() - t0, share)
             metrics.log(step, "train", loss=lossf, lr=lr, grad_norm=normf, **timer.report(step))
         else:
-            timer.add(time.perf_counter() - t0)
+            timer.add(time.perf_counter() - t0, share)
         run.iter_num += 1
         stop.sync()
     return {"iter_num": run.iter_num, "best_val_loss": run.best_val_loss, "losses": losses}
@@ -108,7 +109,7 @@ def train_step(run: Run) -> tuple[torch.Tensor, torch.Tensor, bool]:
     DDP the stop flag's all-reduce is another.
     """
     loss, run.batch, run.data_state = accumulate_gradients(
-        run.model, run.batch, run.batches, run.accum, run.ctx, run.scaler, run.sync
+        run.model, run.batch, run.batches, run.accum, run.ctx, run.scaler, run.sync, run.rows(run.iter_num)
     )
     run.scaler.unscale_(run.optimizer)  # clip and check the true gradients, not the loss-scaled ones
     # measured even without clipping (an infinite max_norm scales by exactly 1): the NaN guard reads it

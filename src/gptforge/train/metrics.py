@@ -305,20 +305,22 @@ def _start_wandb(project: str, name: str, config: dict[str, Any], id: str | None
 
 class StepTimer:
     """Seconds per step, averaged over the steps since the last log line, with running averages for ETA and MFU.
-    max_iters: where the run ends (the ETA); tokens_per_iter: tokens per step; mfu: a step time -> its MFU."""
+    max_iters: where the run ends (the ETA); tokens_per_iter: tokens per whole step; mfu: the time of a whole step
+    -> its MFU. A step of `share` of the whole batch (batch_warmup_size) counts its share of the tokens and FLOPs."""
 
     def __init__(self, max_iters: int, tokens_per_iter: int, mfu: Callable[[float], float]) -> None:
         self.max_iters, self.tokens_per_iter, self.step_mfu = max_iters, tokens_per_iter, mfu
-        self.seconds, self.steps, self.ema_dt, self.mfu = 0.0, 0, None, None
+        self.seconds, self.steps, self.shares, self.ema_dt, self.mfu = 0.0, 0, 0.0, None, None
         self.warming_up = True
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, share: float = 1.0) -> None:
         self.seconds += seconds
         self.steps += 1
+        self.shares += share
 
     def report(self, step: int) -> dict[str, Any]:
-        dt, steps = self.seconds / self.steps, self.steps
-        self.seconds, self.steps = 0.0, 0
+        dt, steps, whole_dt = self.seconds / self.steps, self.steps, self.seconds / self.shares
+        self.seconds, self.steps, self.shares = 0.0, 0, 0.0
         settled = step >= 5  # the first steps include compilation and warm-up
         if self.warming_up:  # they would hold the ETA up for long and drag the MFU down
             self.ema_dt = dt
@@ -327,11 +329,11 @@ class StepTimer:
             self.ema_dt = keep * self.ema_dt + (1 - keep) * dt
         self.warming_up = not settled
         if settled:
-            mfu = self.step_mfu(dt)
+            mfu = self.step_mfu(whole_dt)
             self.mfu = mfu if self.mfu is None else 0.9 * self.mfu + 0.1 * mfu
         return {
             "ms_per_iter": dt * 1000,
-            "tokens_per_s": self.tokens_per_iter / dt,
+            "tokens_per_s": self.tokens_per_iter / whole_dt,
             "mfu": self.mfu,
             "eta_s": self.ema_dt * (self.max_iters - step - 1),
         }

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from gptforge.core.allocator import keep_freed_memory
-from gptforge.core.config import TrainConfig
+from gptforge.core.config import TrainConfig, loader_kind
 from gptforge.core.device import autocast_context, emulated_half_products, peak_flops
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
@@ -78,6 +78,16 @@ class Run:
     def tokens_per_iter(self) -> int:
         return self.accum * self.env.world_size * self.cfg.batch_size * self.cfg.block_size
 
+    def rows(self, step: int) -> int | None:
+        """The sequences each micro-batch of `step` trains on when fewer than batch_size (batch_warmup_iters)."""
+        return self.cfg.batch_warmup_size if step < self.cfg.batch_warmup_iters else None
+
+    def tokens_before(self, step: int) -> int:
+        """Tokens trained on in steps 0 .. step - 1, the smaller warm-up batches counted as they are."""
+        cfg, warm = self.cfg, min(step, self.cfg.batch_warmup_iters)
+        fewer = warm * self.accum * self.env.world_size * (cfg.batch_size - cfg.batch_warmup_size) * cfg.block_size
+        return step * self.tokens_per_iter - fewer
+
 
 def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
     """Build the run: where it starts, its resolved settings, model, optimizer, batches, evaluators and sinks; None
@@ -91,6 +101,11 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
     torch.manual_seed(cfg.seed)  # every rank builds the same initial weights (FSDP keeps each rank's shard)
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
     meta = read_meta(folder)
+    if cfg.batch_warmup_iters and loader_kind(meta, cfg.data_loader) == "chat":
+        raise UserError(
+            f"--batch_warmup_iters={cfg.batch_warmup_iters}: a chat dataset's rows are packed conversations whose "
+            "loss is weighted over the whole step; the batch warm-up is for pretraining data. Leave it at 0 here"
+        )
     begun = begin(cfg, env, meta)
     if begun is None:
         return None
@@ -144,9 +159,21 @@ def build_training(cfg: TrainConfig, env: DistEnv, model: GPT) -> tuple[torch.op
     """The model placed on its device (sharded under FSDP), then its optimizer and loss scaler."""
     if env.rank:
         torch.manual_seed(cfg.seed + env.rank)  # then each rank its own stream: batches and dropout differ
+    if cfg.embedding_lr_scale != 1.0 and model.lm_head.weight is model.transformer.wte.weight:
+        raise UserError(
+            f"--embedding_lr_scale={cfg.embedding_lr_scale}: the embedding is tied to the output head here "
+            "(untie_head=False), so its learning rate is the head's too; add --untie_head=True (a new run), or "
+            "leave --embedding_lr_scale at 1"
+        )
     place_model(model, env.device, env.fsdp(cfg.parallel))  # before the optimizer: it holds the (sharded) parameters
     optimizer = configure_optimizer(
-        model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type, muon_settings(cfg)
+        model,
+        cfg.weight_decay,
+        cfg.learning_rate,
+        (cfg.beta1, cfg.beta2),
+        env.device_type,
+        muon_settings(cfg),
+        cfg.embedding_lr_scale,
     )
     return optimizer, torch.amp.GradScaler(env.device_type, enabled=cfg.dtype == "float16")
 
@@ -162,10 +189,20 @@ def describe(run: Run, start: Start, malloc: str) -> str:
         f"{' (fast masks)' if cfg.fast_dropout and cfg.dropout > 0 else ''}"
         f"{', float32 products by oneDNN' if cfg.onednn_f32 and cfg.dtype == 'float32' else ''}\n"
         f"tokens per iteration: {run.tokens_per_iter:,} = {run.accum} accumulation x {env.world_size} processes x "
-        f"{cfg.batch_size} batch x {cfg.block_size} block\n"
+        f"{cfg.batch_size} batch x {cfg.block_size} block"
+        f"{warmup_line(run)}\n"
         f"memory: {start.memory.describe()} estimated per process\n"
         f"{recipe_line(cfg)}{malloc}" + (f"\n{slow}" if slow else "")
     )
+
+
+def warmup_line(run: Run) -> str:
+    """The batch warm-up's part of the tokens line: '' without one."""
+    cfg = run.cfg
+    if not cfg.batch_warmup_iters:
+        return ""
+    first = run.tokens_before(1)
+    return f" ({first:,}, {cfg.batch_warmup_size} of the batch, in the first {cfg.batch_warmup_iters} steps)"
 
 
 def recipe_line(cfg: TrainConfig) -> str:

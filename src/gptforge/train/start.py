@@ -165,6 +165,14 @@ def resume_checkpoint(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> t
             f"cannot continue; resume with --optimizer={saved_optimizer}, or start a new run from its weights "
             f"(`gptforge export`, then --init_from=FOLDER) with a fresh {cfg.optimizer} state"
         )
+    saved_scale = (ckpt.get("config") or {}).get("embedding_lr_scale", 1.0)
+    if (saved_scale == 1.0) != (cfg.embedding_lr_scale == 1.0):  # the embedding in a group of its own, or not
+        raise UserError(
+            f"--embedding_lr_scale={cfg.embedding_lr_scale}: {source} was written with embedding_lr_scale="
+            f"{saved_scale}; at 1 the embedding shares the matrices' optimizer group, at any other value it has its "
+            f"own, and the one state does not fit the other; resume with --embedding_lr_scale={saved_scale}, or "
+            "start a new run from its weights (`gptforge export`, then --init_from=FOLDER)"
+        )
     if ckpt.get("tokenizer") not in (None, tokenizer_spec(meta)):  # nanoGPT's checkpoints have none
         raise UserError(
             f"{source} was trained with another vocabulary than dataset {cfg.dataset!r} has; resume "
