@@ -92,6 +92,19 @@ def bpe_data(tmp_path: Path, tiktoken_cache: Path) -> Path:
     return tmp_path / "data"
 
 
+class ListBatches:
+    """A data source replaying given batches: stands in for RandomBatches to feed chosen data."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def next_batch(self):
+        return self.batches.pop(0)
+
+    def state_dict(self):
+        return {"left": len(self.batches)}
+
+
 def tiny_train_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
     """Command-line style options for a seconds-long CPU run on the `tiny` dataset."""
     opts = dict(

@@ -9,19 +9,8 @@ import json
 import pytest
 import torch
 
-from conftest import run_cli, tiny_train_args, whole_and_resumed
+from conftest import ListBatches, run_cli, tiny_train_args, whole_and_resumed
 from gptforge.weights.checkpoint import load_checkpoint
-
-
-class ListBatches:
-    def __init__(self, batches):
-        self.batches = list(batches)
-
-    def next_batch(self):
-        return self.batches.pop(0)
-
-    def state_dict(self):
-        return {"left": len(self.batches)}
 
 
 def test_a_warm_up_step_is_the_mean_loss_of_each_micro_batchs_first_rows():

@@ -10,6 +10,7 @@ import torch
 
 from conftest import whole_and_resumed
 from gptforge.core.config import TrainConfig
+from gptforge.core.errors import UserError
 from gptforge.model import muon
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.muon import CUBIC, MuonAdamW, orthogonalize
@@ -335,7 +336,7 @@ def test_embedding_lr_scale_steps_the_embedding_as_adamw_at_that_multiple(optimi
         theirs.step()
     torch.testing.assert_close(wte.detach(), reference.detach(), rtol=0, atol=1e-6)
     tied = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
-    with pytest.raises(ValueError, match="tied"):
+    with pytest.raises(UserError, match="tied to the output head"):
         configure_optimizer(tied, 0.1, 1e-3, (0.9, 0.95), "cpu", None, 10.0)
 
 
@@ -352,3 +353,14 @@ def test_a_run_resumed_without_split_qkv_orthogonalises_whole_matrices_again():
         resumed = optimizer(now)
         load_optimizer_state(model, resumed, {"optimizer": optimizer(saved).state_dict()}, fsdp=False, path="x")
         assert ("row_blocks" in resumed.param_groups[-1]) == now
+
+
+def test_bench_refuses_a_scaled_embedding_tied_to_the_head(char_data, tmp_path):
+    """bench builds its optimizer without `gptforge train`'s setup: the same refusal, exit 2, no traceback."""
+    from conftest import run_cli
+    from test_time_to_loss import config_file
+
+    config = config_file(tmp_path / "tied.py", char_data, max_iters=2)
+    r = run_cli("bench", str(config), "--embedding_lr_scale=2.0", "--iters=1", "--warmup=0", "--rounds=1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--embedding_lr_scale=2.0: the embedding is tied to the output head" in r.stderr

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from conftest import tiny_train_args
+from conftest import ListBatches, tiny_train_args
 from gptforge.core.config import load_config
 from gptforge.core.device import autocast_context
 from gptforge.core.errors import UserError
@@ -101,19 +101,6 @@ def test_resume_continues_at_the_right_iteration_with_identical_state(char_data,
         for r in records(tmp_path / "split")
     ]
     assert (tmp_path / "whole/log.txt").read_text() == (tmp_path / "split/log.txt").read_text()
-
-
-class ListBatches:
-    """A data source replaying given batches: stands in for RandomBatches to feed chosen data."""
-
-    def __init__(self, batches):
-        self.batches = list(batches)
-
-    def next_batch(self):
-        return self.batches.pop(0)
-
-    def state_dict(self):
-        return {"left": len(self.batches)}
 
 
 def test_gradient_accumulation_equals_one_big_batch():

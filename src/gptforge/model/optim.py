@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from gptforge.core.config import CHOICES
+from gptforge.core.errors import UserError
 
 
 def configure_optimizer(
@@ -40,7 +41,11 @@ def configure_optimizer(
     embedding = {n for n in params if n.endswith("wte.weight")} if embedding_lr_scale != 1.0 else set()
     every = [q for _, q in model.named_parameters(remove_duplicate=False)] if embedding else []
     if any(sum(q is params[n] for q in every) > 1 for n in embedding):
-        raise ValueError("embedding_lr_scale: the embedding is tied to the output head (untie_head=False)")
+        raise UserError(
+            f"--embedding_lr_scale={embedding_lr_scale}: the embedding is tied to the output head here "
+            "(untie_head=False), so its learning rate is the head's too; add --untie_head=True (a new run), or "
+            "leave --embedding_lr_scale at 1"
+        )
     decay = [p for n, p in params.items() if p.dim() >= 2 and n not in hidden and n not in embedding]
     no_decay = [p for p in params.values() if p.dim() < 2]
     groups: list[dict[str, Any]] = [

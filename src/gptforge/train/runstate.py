@@ -74,9 +74,9 @@ def load_optimizer_state(model, optimizer, ckpt: dict[str, Any], fsdp: bool, pat
         state = ckpt["optimizer"] if fqn else named_optimizer_state(model, optimizer, ckpt["optimizer"], path)
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
     for group, settings in zip(optimizer.param_groups, ours, strict=True):
-        for key in [k for k in group if k != "params" and k not in settings]:
-            del group[key]  # a key this run does not set (a muon_split_qkv run's row_blocks, resumed without it)
-        group.update(settings)
+        params = group["params"]
+        group.clear()  # a key this run does not set goes too (a muon_split_qkv run's row_blocks, resumed without it)
+        group.update({"params": params, **settings})  # in the order a freshly built group has
 
 
 def named_optimizer_state(model, optimizer, state: dict[str, Any], path: str) -> dict[str, Any]:

@@ -159,12 +159,6 @@ def build_training(cfg: TrainConfig, env: DistEnv, model: GPT) -> tuple[torch.op
     """The model placed on its device (sharded under FSDP), then its optimizer and loss scaler."""
     if env.rank:
         torch.manual_seed(cfg.seed + env.rank)  # then each rank its own stream: batches and dropout differ
-    if cfg.embedding_lr_scale != 1.0 and model.lm_head.weight is model.transformer.wte.weight:
-        raise UserError(
-            f"--embedding_lr_scale={cfg.embedding_lr_scale}: the embedding is tied to the output head here "
-            "(untie_head=False), so its learning rate is the head's too; add --untie_head=True (a new run), or "
-            "leave --embedding_lr_scale at 1"
-        )
     place_model(model, env.device, env.fsdp(cfg.parallel))  # before the optimizer: it holds the (sharded) parameters
     optimizer = configure_optimizer(
         model,
