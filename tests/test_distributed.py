@@ -229,9 +229,11 @@ def test_muon_under_two_processes_equals_one_process(char_data, tmp_path, parall
     gathers each matrix whole, orthogonalises it and keeps its shard. Either way the weights equal one
     process's, and (FSDP) a resumed run continues as the uninterrupted one. Newton-Schulz in float32: in
     bfloat16 the last bits of the averaged gradient (summed in another order) round differently. With
-    muon_split_qkv (FSDP: the gathered c_attn orthogonalised as its three row blocks, _orthogonalize_whole)."""
+    muon_split_qkv (FSDP: the gathered c_attn orthogonalised as its three row blocks, _orthogonalize_whole) and
+    normuon (FSDP: the neurons' statistics kept whole on every rank, saved and resumed)."""
     common = {**DDP_RUN, **ALL_ON, "optimizer": "muon", "muon_warmup": 3, "parallel": parallel, "muon_dtype": "float32"}
     common["muon_split_qkv"] = True
+    common["normuon"] = True
     single = one_process(char_data, tmp_path / "single", common)
     r = torchrun(*tiny_train_args(char_data, tmp_path / "two", **common))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -197,15 +197,24 @@ def test_configure_optimizer_gives_the_blocks_matrices_to_muon_and_the_rest_to_a
     assert isinstance(adamw, torch.optim.AdamW) and not any("kind" in g for g in adamw.param_groups)
 
 
-@pytest.mark.parametrize("ns", ["float32", "bfloat16"])
-def test_a_resumed_muon_run_equals_an_uninterrupted_one(char_data, tmp_path, ns):
+@pytest.mark.parametrize("ns, normuon", [("float32", False), ("bfloat16", False), ("float32", True)])
+def test_a_resumed_muon_run_equals_an_uninterrupted_one(char_data, tmp_path, ns, normuon):
+    """normuon: the neurons' running statistics are saved with the optimizer and carried on."""
     run = dict(max_iters=12, lr_decay_iters=12, warmup_iters=3, eval_interval=6, optimizer="muon", muon_warmup=5)
     run["muon_dtype"] = ns
+    run["normuon"] = normuon
     whole, split = tmp_path / "whole", tmp_path / "split"
-    a, _ = whole_and_resumed(char_data, tmp_path, run)
+    a, b = whole_and_resumed(char_data, tmp_path, run)
     kinds = {g["kind"] for g in a["optimizer"]["param_groups"]}
     assert kinds == {"muon", "adamw"}
     assert {g.get("ns_dtype") for g in a["optimizer"]["param_groups"] if g["kind"] == "muon"} == {ns}
+    muon_group = next(g for g in a["optimizer"]["param_groups"] if g["kind"] == "muon")
+    assert ("normuon_beta2" in muon_group) == normuon
+    for i in muon_group["params"]:  # every matrix's statistics in both checkpoints, equal
+        ours, theirs = a["optimizer"]["state"][i], b["optimizer"]["state"][i]
+        assert (muon.NEURON_STATE in ours) == normuon
+        if normuon:
+            assert torch.equal(ours[muon.NEURON_STATE], theirs[muon.NEURON_STATE])
     assert (whole / "log.txt").read_text() == (split / "log.txt").read_text()
     rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
     evals = [row["val_loss"] for row in rows if row["kind"] == "eval"]
@@ -291,6 +300,88 @@ def test_a_split_qkv_step_orthogonalises_the_query_key_and_value_rows_each_alone
             other -= 0.05 * orthogonalize(grad[:c] + momentum * vbuf)  # the plain matrix beside it, unchanged
         torch.testing.assert_close(w.detach(), start, rtol=0, atol=1e-6)
         torch.testing.assert_close(v.detach(), other, rtol=0, atol=1e-6)
+
+
+def neuron_reference(update: torch.Tensor, running: torch.Tensor, beta2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """NorMuon's normalisation written out in float64 for one matrix: its neurons are its rows when it is at least as
+    tall as wide, else its columns; each divided by the root of the running mean of its squared entries, the matrix
+    then scaled back to its Frobenius norm. Returns (the normalised update, the new running means)."""
+    u = update.double() if update.size(0) >= update.size(1) else update.double().T  # neurons as rows
+    running = beta2 * running + (1 - beta2) * (u * u).mean(dim=1)
+    out = u / running.sqrt().unsqueeze(1)
+    out = out * (u.norm() / out.norm())
+    return (out if update.size(0) >= update.size(1) else out.T), running
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_normuon_step_normalises_each_neuron_as_a_float64_hand_computation(split):
+    """Three Muon steps with normuon_beta2 against the same momentum and orthogonalize (float32, as the optimizer)
+    followed by the normalisation in float64 (neuron_reference): a tall matrix (its rows), a wide one (its
+    columns), and with row_blocks a fused 3C x C matrix as three square blocks whose rows are the neurons. The
+    first step's update has every neuron of a matrix at the same size (the running mean is its own square then)."""
+    torch.manual_seed(0)
+    c, beta2 = 16, 0.95
+    shapes = [(3 * c, c), (c, 3 * c)]
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in shapes]
+    expected = [p.detach().double().clone() for p in params]
+    group = dict(params=params, kind="muon", lr=0.05, momentum=0.95, momentum_warmup=300, normuon_beta2=beta2)
+    opt = MuonAdamW([{**group, "row_blocks": [3, 1]} if split else group])
+    bufs = [torch.zeros(*shape) for shape in shapes]
+    running: list[torch.Tensor | None] = [None, None]
+    for step in range(1, 4):
+        grads = [torch.randn(*shape) for shape in shapes]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        opt.step()
+        momentum = 0.85 + min(step / 300, 1.0) * (0.95 - 0.85)
+        for i, (g, (rows, cols)) in enumerate(zip(grads, shapes, strict=True)):
+            bufs[i] = momentum * bufs[i] + g
+            direction = g + momentum * bufs[i]
+            blocks = 3 if split and i == 0 else 1
+            ortho = torch.cat([orthogonalize(b) for b in direction.split(rows // blocks)])
+            neurons = rows if rows // blocks >= cols else cols
+            before = torch.zeros(neurons, dtype=torch.float64) if running[i] is None else running[i]
+            update, running[i] = neuron_reference(ortho, before, beta2)
+            if step == 1:  # every neuron the same size, the matrix's norm kept
+                sizes = update.norm(dim=1 if update.size(0) >= update.size(1) else 0)
+                torch.testing.assert_close(sizes, torch.full_like(sizes, sizes.mean().item()), rtol=1e-9, atol=0)
+                torch.testing.assert_close(update.norm(), ortho.double().norm(), rtol=1e-9, atol=0)
+            scale = max(1.0, rows / blocks / cols) ** 0.5
+            expected[i] -= 0.05 * scale * update
+            state = opt.state[params[i]][muon.NEURON_STATE]
+            torch.testing.assert_close(state.double(), running[i], rtol=1e-5, atol=0)
+        for p, e in zip(params, expected, strict=True):
+            torch.testing.assert_close(p.detach().double(), e, rtol=0, atol=1e-6)
+
+
+def test_normuon_keeps_an_all_zero_update_zero_and_a_run_resumed_without_it_drops_the_statistics():
+    """zero_init's first steps give the matrices before a zero projection no gradient: their update stays zero (no
+    0/0). A run resumed without normuon steps as plain Muon and keeps no statistics; with it again they restart."""
+    from gptforge.train.runstate import load_optimizer_state
+
+    w = torch.nn.Parameter(torch.randn(24, 8))
+    opt = MuonAdamW([dict(params=[w], kind="muon", lr=0.05, momentum=0.95, momentum_warmup=300, normuon_beta2=0.95)])
+    before = w.detach().clone()
+    w.grad = torch.zeros_like(w)
+    opt.step()
+    assert torch.equal(w.detach(), before)
+    assert torch.equal(opt.state[w][muon.NEURON_STATE], torch.zeros(24))
+    model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
+
+    def optimizer(normuon: bool) -> torch.optim.Optimizer:
+        cfg = TrainConfig(optimizer="muon", normuon=normuon)
+        return configure_optimizer(model, 0.1, 1e-3, (0.9, 0.95), "cpu", muon_settings(cfg))
+
+    x = torch.randint(0, 37, (2, 16))
+    saved = optimizer(True)
+    model(x, x)[1].backward()
+    saved.step()
+    assert all(muon.NEURON_STATE in saved.state[p] for p in saved.param_groups[-1]["params"])
+    plain = optimizer(False)
+    load_optimizer_state(model, plain, {"optimizer": saved.state_dict()}, fsdp=False, path="x")
+    assert "normuon_beta2" not in plain.param_groups[-1]
+    plain.step()
+    assert not any(muon.NEURON_STATE in plain.state[p] for p in plain.param_groups[-1]["params"])
 
 
 def test_split_qkv_marks_the_attentions_fused_matrices_only():

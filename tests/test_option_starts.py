@@ -52,9 +52,10 @@ ROWS = [  # (start, options, exit code, words the output must hold)
     ("scratch", ["--embedding_lr_scale=10.0"], 2, ["--embedding_lr_scale=10.0: the embedding is tied to the output"]),
     (
         "scratch",
-        ["--untie_head=True", "--embedding_lr_scale=10.0", "--optimizer=muon", "--muon_split_qkv=True"],
+        ["--untie_head=True", "--embedding_lr_scale=10.0", "--optimizer=muon", "--muon_split_qkv=True"]
+        + ["--normuon=True"],
         0,
-        ["untie_head", "optimizer muon"],
+        ["untie_head", "optimizer muon", "q, k, v apart, NorMuon; AdamW"],
     ),  # fmt: skip
     ("resume", ["--dropout=0.1"], 0, ["changed from the run's config.json: dropout 0.0 -> 0.1"]),
     ("resume", ["--learning_rate=0.001"], 0, ["learning_rate 0.003 -> 0.001"]),

@@ -153,6 +153,11 @@ class TrainConfig(ModelShape):
         "optimizer='muon': orthogonalise the attention's query, key and value matrices each on its own (modded-"
         "nanogpt's way) instead of their fused c_attn matrix as one",
     )
+    normuon: bool = setting(
+        False,
+        "optimizer='muon': NorMuon (modded-nanogpt's): each neuron's share of the orthogonalised update divided by "
+        "the root of a running mean of its squares (0.95), the matrix then scaled back to its norm",
+    )
     max_bad_steps: int = setting(
         10,
         "a step whose loss or gradient norm is not finite is skipped (weights untouched); "

@@ -15,7 +15,8 @@ rank holds a shard of each matrix: its update is computed on the whole matrix (`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import torch
@@ -90,7 +91,8 @@ class MuonAdamW(EagerMethods, torch.optim.Optimizer):
     """Parameter groups with kind='muon' (2-D matrices) or kind='adamw'. Muon groups: lr, momentum (Nesterov),
     momentum_warmup (steps over which momentum rises from 0.85 to its value), weight_decay, ns_steps, and
     row_blocks (optional, one int per parameter: a matrix of k row blocks is orthogonalised as k matrices, each
-    scaled as its own; 3 for a fused query/key/value matrix, as modded-nanogpt keeps them apart). AdamW groups:
+    scaled as its own; 3 for a fused query/key/value matrix, as modded-nanogpt keeps them apart), and
+    normuon_beta2 (optional: NorMuon's per-neuron normalisation of the update, normalize_neurons). AdamW groups:
     lr, betas, eps, weight_decay (decoupled, as torch.optim.AdamW)."""
 
     def __init__(self, groups: Iterable[dict[str, Any]]):
@@ -142,6 +144,7 @@ class MuonAdamW(EagerMethods, torch.optim.Optimizer):
         """The Nesterov momentum of each matrix (or of each of its row blocks), orthogonalised (matrices of one
         shape together, in one stack), scaled to the same update RMS for tall and wide matrices, and stepped along."""
         ns_dtype = NS_DTYPES[group.get("ns_dtype", "float32")]  # a checkpoint's group from before the key: float32
+        beta2 = group.get("normuon_beta2")
         blocks = dict(zip(map(id, group["params"]), group.get("row_blocks") or [1] * len(group["params"]), strict=True))
         by_shape: dict[tuple[int, int], list[tuple[torch.Tensor, float, int]]] = {}
         for p in params:
@@ -149,9 +152,14 @@ class MuonAdamW(EagerMethods, torch.optim.Optimizer):
             buf = self.state[p]["exp_avg"]
             buf.mul_(momentum).add_(p.grad)
             k = blocks[id(p)]
+            if beta2 is None:
+                self.state[p].pop(NEURON_STATE, None)  # a run resumed without normuon: no stale statistics kept
             if hasattr(buf, "full_tensor"):  # FSDP: a shard of the matrix on each rank
                 direction = p.grad.add(buf, alpha=momentum)  # Nesterov: the gradient plus the momentum it leads to
-                self._apply(p, _orthogonalize_whole(direction, group["ns_steps"], ns_dtype, k), group, k)
+                neurons = None
+                if beta2 is not None:  # the whole update's neurons, this matrix's statistics
+                    neurons = partial(normalize_neurons, states=[self.state[p]], blocks=[k], beta2=beta2)
+                self._apply(p, _orthogonalize_whole(direction, group["ns_steps"], ns_dtype, k, neurons), group, k)
             else:
                 by_shape.setdefault((p.size(0) // k, p.size(1)), []).append((p, momentum, k))
         for shape, entries in by_shape.items():
@@ -168,6 +176,8 @@ class MuonAdamW(EagerMethods, torch.optim.Optimizer):
                 at += k
             updates = orthogonalize(stack if len(stack) > 1 else stack[0], group["ns_steps"], dtype=ns_dtype)
             updates = updates if len(stack) > 1 else updates.unsqueeze(0)  # a tall one comes back transposed
+            if beta2 is not None:
+                normalize_neurons(updates, [self.state[p] for p, *_ in entries], [k for *_, k in entries], beta2)
             at = 0
             for p, _, k in entries:
                 self._apply(p, updates[at] if k == 1 else updates[at : at + k].reshape(p.shape), group, k)
@@ -193,6 +203,38 @@ class MuonAdamW(EagerMethods, torch.optim.Optimizer):
         p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1.0 - beta1**step))
 
 
+NEURON_STATE = "neuron_sq"  # normuon: a matrix's running mean of each neuron's squared update entries
+
+
+def normalize_neurons(updates: torch.Tensor, states: list[dict[str, Any]], blocks: list[int], beta2: float) -> None:
+    """NorMuon (Li et al. 2025, "NorMuon: making Muon more efficient and scalable"; modded-nanogpt trains with it):
+    Muon's orthogonalised update evens out the singular values but leaves the neurons' update sizes uneven. Each
+    neuron's entries are divided by the root of a running mean (beta2) of its squared entries, then the matrix is
+    scaled back to the Frobenius norm it had, so muon_lr keeps its meaning. A neuron is a row of a matrix at least
+    as tall as it is wide and a column of a wider one: the longer side, whose sizes orthogonalisation leaves uneven
+    (a wide matrix's rows come out of it of norm ~1 each).
+
+    updates: a stack (K, r, c) in place, K the sum of `blocks`; matrix i takes blocks[i] consecutive places (its row
+    blocks, row_blocks) and keeps its statistics in states[i] (float32, one per neuron, saved with the optimizer).
+    The statistics start at zero: a uniform factor, which the rescaling cancels, so no bias correction is needed."""
+    dim = -1 if updates.size(-2) >= updates.size(-1) else -2  # reduce along each neuron's entries
+    means = torch.linalg.vector_norm(updates, dim=dim, dtype=torch.float32).square_().div_(updates.size(dim))
+    factors = torch.empty_like(means)
+    at = 0
+    for state, k in zip(states, blocks, strict=True):
+        mean = means[at : at + k].reshape(-1)  # the matrix's neurons, block after block
+        running = state.get(NEURON_STATE)
+        if running is None or running.shape != mean.shape:  # new, or resumed across a change of muon_split_qkv
+            running = state[NEURON_STATE] = torch.zeros_like(mean)
+        running.lerp_(mean, 1.0 - beta2)
+        inverse = running.sqrt().add_(1e-12).reciprocal_()
+        # the same Frobenius norm after as before (an all-zero update, as zero_init's first steps give, stays zero)
+        rescale = (mean.sum() / (inverse.square() * mean).sum().clamp_min(1e-30)).sqrt()
+        factors[at : at + k] = (inverse * rescale).view(k, -1)
+        at += k
+    updates.mul_(factors.unsqueeze(dim).to(updates.dtype))
+
+
 def _momentum(step: float, group: dict[str, Any]) -> float:
     """Muon's momentum at a step: rising from 0.85 to the group's over momentum_warmup steps (when above 0.85)."""
     if group["momentum"] <= 0.85:
@@ -201,18 +243,26 @@ def _momentum(step: float, group: dict[str, Any]) -> float:
     return 0.85 + warm * (group["momentum"] - 0.85)
 
 
-def _orthogonalize_whole(direction: torch.Tensor, steps: int, dtype: torch.dtype, row_blocks: int = 1) -> torch.Tensor:
+def _orthogonalize_whole(
+    direction: torch.Tensor,
+    steps: int,
+    dtype: torch.dtype,
+    row_blocks: int = 1,
+    neurons: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
     """Muon's update of a sharded matrix (an FSDP2 DTensor): every rank gathers the whole matrix, orthogonalises
     it (the same arithmetic on every rank, so the same result) and keeps its own shard, as a DTensor placed
     like the parameter. The same update as one process computes, at the price of an all-gather per matrix and
-    each rank repeating the iteration."""
+    each rank repeating the iteration. neurons: normalize_neurons on the whole update's stack (normuon), whose
+    statistics every rank keeps whole (the same on every rank)."""
     from torch.distributed.tensor import distribute_tensor
 
     whole = direction.full_tensor().float()
-    if row_blocks > 1:  # each row block a matrix of its own, in one stack
-        blocks = whole.view(row_blocks, whole.size(0) // row_blocks, whole.size(1))
-        whole = orthogonalize(blocks, steps, dtype=dtype).reshape(whole.shape).to(direction.dtype)
-    else:
-        whole = orthogonalize(whole, steps, dtype=dtype).to(direction.dtype)
+    blocks = whole.view(row_blocks, whole.size(0) // row_blocks, whole.size(1))  # each row block a matrix of its own
+    updates = orthogonalize(blocks if row_blocks > 1 else blocks[0], steps, dtype=dtype)
+    updates = updates if row_blocks > 1 else updates.unsqueeze(0)
+    if neurons is not None:
+        neurons(updates)
+    whole = updates.reshape(whole.shape).to(direction.dtype)
     # src_data_rank=None: each rank slices its own copy (all equal), no scatter from rank 0
     return distribute_tensor(whole, direction.device_mesh, direction.placements, src_data_rank=None)

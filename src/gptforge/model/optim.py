@@ -30,9 +30,10 @@ def configure_optimizer(
     Biases and LayerNorm gains are left alone: shrinking them towards zero only hurts. The fused kernel is
     used on CUDA (one launch for all parameters instead of several per tensor).
 
-    muon={'lr': .., 'momentum': .., 'warmup': .., 'dtype': 'float32' | 'bfloat16', 'split_qkv': bool}: the blocks'
-    2-D matrices go to Muon instead (no weight decay, as the published recipes; Newton-Schulz in `dtype`; split_qkv:
-    each fused c_attn matrix as its query, key and value matrices), in one MuonAdamW. Every group carries
+    muon={'lr': .., 'momentum': .., 'warmup': .., 'dtype': 'float32' | 'bfloat16', 'split_qkv': bool, 'normuon':
+    bool}: the blocks' 2-D matrices go to Muon instead (no weight decay, as the published recipes; Newton-Schulz in
+    `dtype`; split_qkv: each fused c_attn matrix as its query, key and value matrices; normuon: each neuron's update
+    normalised, muon.normalize_neurons), in one MuonAdamW. Every group carries
     `lr_scale`, its peak over learning_rate. embedding_lr_scale != 1: the token embedding (untied) in a group of
     its own after the first two, at that multiple of learning_rate.
     """
@@ -78,6 +79,8 @@ def configure_optimizer(
     )
     if muon.get("split_qkv"):  # c_attn is (3 n_embd, n_embd): query, key and value rows, in that order
         muon_group["row_blocks"] = [3 if n.endswith("attn.c_attn.weight") else 1 for n in matrices]
+    if muon.get("normuon"):
+        muon_group["normuon_beta2"] = NORMUON_BETA2
     groups.append(muon_group)
     return MuonAdamW(groups)
 
@@ -92,6 +95,7 @@ def muon_settings(cfg: Any) -> dict[str, Any] | None:
         "warmup": cfg.muon_warmup,
         "dtype": muon_dtype(cfg),
         "split_qkv": cfg.muon_split_qkv,
+        "normuon": cfg.normuon,
     }
 
 
@@ -105,6 +109,8 @@ def muon_dtype(cfg: Any) -> str:
     kind = device_type(resolve_device("auto") if cfg.device == "auto" else cfg.device)  # auto: what it stands for
     return "bfloat16" if kind == "cuda" or (kind == "cpu" and cpu_has_fast_bf16()) else "float32"
 
+
+NORMUON_BETA2 = 0.95  # the NorMuon paper's running-mean factor for each neuron's squared update
 
 SCHEDULES = CHOICES["lr_schedule"]
 

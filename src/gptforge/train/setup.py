@@ -207,10 +207,11 @@ def recipe_line(cfg: TrainConfig) -> str:
         on.append(f"gelu={cfg.gelu}")
     parts = [f"model switches on: {', '.join(on)}"] if on else []
     if cfg.optimizer == "muon":
+        extra = [name for name, on in (("q, k, v apart", cfg.muon_split_qkv), ("NorMuon", cfg.normuon)) if on]
         parts.append(
             f"optimizer muon (matrices at muon_lr {cfg.muon_lr}, momentum {cfg.muon_momentum} after "
-            f"{cfg.muon_warmup} warm-up steps, Newton-Schulz in {muon_dtype(cfg)}; AdamW at learning_rate "
-            f"{cfg.learning_rate} for the rest)"
+            f"{cfg.muon_warmup} warm-up steps, Newton-Schulz in {muon_dtype(cfg)}{''.join(', ' + e for e in extra)}; "
+            f"AdamW at learning_rate {cfg.learning_rate} for the rest)"
         )
     return "recipe: " + "; ".join(parts) + "\n" if parts else ""
 
