@@ -207,7 +207,7 @@ def recipe_line(cfg: TrainConfig) -> str:
         on.append(f"gelu={cfg.gelu}")
     parts = [f"model switches on: {', '.join(on)}"] if on else []
     if cfg.optimizer == "muon":
-        extra = [name for name, on in (("q, k, v apart", cfg.muon_split_qkv), ("NorMuon", cfg.normuon)) if on]
+        extra = [name for name, chosen in (("q, k, v apart", cfg.muon_split_qkv), ("NorMuon", cfg.normuon)) if chosen]
         parts.append(
             f"optimizer muon (matrices at muon_lr {cfg.muon_lr}, momentum {cfg.muon_momentum} after "
             f"{cfg.muon_warmup} warm-up steps, Newton-Schulz in {muon_dtype(cfg)}{''.join(', ' + e for e in extra)}; "
