@@ -19,6 +19,7 @@ from test_train import records
 pytestmark = pytest.mark.gpu
 
 MODERN = {**ALL_ON, "optimizer": "muon", "muon_warmup": 5}
+NORMUON = {**MODERN, "normuon": True}  # the speedrun configs' optimizer: Muon with its per-neuron statistics
 
 
 def val_losses(out_dir) -> list[float]:
@@ -26,7 +27,7 @@ def val_losses(out_dir) -> list[float]:
 
 
 def test_the_modern_recipe_with_bf16_and_compile_learns_as_on_the_cpu(char_data, tmp_path):
-    run = dict(**MODERN, max_iters=30, lr_decay_iters=30, eval_interval=10)
+    run = dict(**NORMUON, max_iters=30, lr_decay_iters=30, eval_interval=10)
     gpu, cpu = tmp_path / "gpu", tmp_path / "cpu"
     r = run_cli("train", *tiny_train_args(char_data, gpu, **run, device="cuda", dtype="bfloat16", compile=True))
     assert r.returncode == 0, r.stderr
@@ -55,8 +56,9 @@ def test_the_iteration_on_the_gpu_keeps_the_svds_singular_vectors(shape):
     assert diagonal.min() > 0.5 and diagonal.max() < 1.3, diagonal
 
 
-def test_a_resumed_muon_run_on_the_gpu_equals_an_uninterrupted_one(char_data, tmp_path):
-    run = dict(**MODERN, device="cuda", max_iters=12, lr_decay_iters=12, warmup_iters=3, eval_interval=6)
+@pytest.mark.parametrize("optimizer", [MODERN, NORMUON], ids=["muon", "normuon"])
+def test_a_resumed_muon_run_on_the_gpu_equals_an_uninterrupted_one(char_data, tmp_path, optimizer):
+    run = dict(**optimizer, device="cuda", max_iters=12, lr_decay_iters=12, warmup_iters=3, eval_interval=6)
     a, _ = whole_and_resumed(char_data, tmp_path, run)  # asserts the weights equal
     assert a["config"]["device"] == "cuda"
     assert (tmp_path / "whole/log.txt").read_text() == (tmp_path / "split/log.txt").read_text()
@@ -71,7 +73,7 @@ def test_generation_with_the_cache_equals_recomputation_on_the_gpu():
 
 
 def test_kill_9_campaign_on_the_gpu_with_every_switch_and_muon(char_data, tmp_path):
-    """SIGKILLs at start-up, mid-step and in checkpoint writes of a CUDA run: the final weights, Muon's momenta
-    and the losses equal an uninterrupted CUDA run's exactly."""
-    figures = run_campaign(char_data, tmp_path / "campaign", kills=3, seed=5, max_iters=24, device="cuda", **MODERN)
+    """SIGKILLs at start-up, mid-step and in checkpoint writes of a CUDA run: the final weights, Muon's momenta,
+    NorMuon's statistics and the losses equal an uninterrupted CUDA run's exactly."""
+    figures = run_campaign(char_data, tmp_path / "campaign", kills=3, seed=5, max_iters=24, device="cuda", **NORMUON)
     check_campaign(figures, 3)
