@@ -152,6 +152,24 @@ def test_compiled_loss_equals_float64_cross_entropy_with_its_gradient(cap, reduc
     assert math.isnan(compiled_loss(l64.float(), none, cap, "mean").item())  # as F.cross_entropy
 
 
+@pytest.mark.parametrize("cap", [15.0, 89.0])  # e^89 is past float32
+def test_the_compiled_loss_of_saturated_logits_is_finite_and_exact(cap):
+    """Logits far past the soft-cap (every capped logit near +-cap, some rows' exp past float32): the loss and its
+    gradient stay finite and equal float64."""
+    l64, targets = logits_inputs(V=4000)
+    l64 = l64 * 1000.0
+    logits = l64.float().requires_grad_()
+    loss = compiled_loss(logits, targets, cap, "sum")
+    assert torch.isfinite(loss)
+    l64.requires_grad_()
+    expected = capped_reference(l64, targets, cap, "sum")
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=1e-6)
+    loss.backward()
+    expected.backward()
+    assert torch.isfinite(logits.grad).all()
+    torch.testing.assert_close(logits.grad.double(), l64.grad, rtol=1e-5, atol=1e-7)
+
+
 def test_compiled_training_takes_the_compiled_loss_with_the_plain_loss_and_gradients():
     """Under torch.compile a training forward (need_logits=False) gives no logits (inductor does not write the
     capped (tokens, V) logits) and the loss and gradients of the plain expression; evaluation keeps the logits."""
