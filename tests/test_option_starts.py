@@ -57,6 +57,13 @@ ROWS = [  # (start, options, exit code, words the output must hold)
         0,
         ["untie_head", "optimizer muon", "q, k, v apart, NorMuon; AdamW"],
     ),  # fmt: skip
+    (
+        "scratch",
+        ["--normuon=True", "--muon_lr=0.05"],
+        0,
+        ["Muon's muon_lr=0.05, normuon=True not applied: the optimizer is adamw"],
+    ),
+    ("resume", ["--muon_split_qkv=True"], 0, ["Muon's muon_split_qkv=True not applied: the optimizer is adamw"]),
     ("resume", ["--dropout=0.1"], 0, ["changed from the run's config.json: dropout 0.0 -> 0.1"]),
     ("resume", ["--learning_rate=0.001"], 0, ["learning_rate 0.003 -> 0.001"]),
     ("auto, a checkpoint", ["--rmsnorm=True"], 2, ["--rmsnorm=True: the run in", "keeps its shape"]),

@@ -199,9 +199,13 @@ def warmup_line(run: Run) -> str:
     return f" ({first:,}, {cfg.batch_warmup_size} of the batch, in the first {cfg.batch_warmup_iters} steps)"
 
 
+MUON_ONLY = ("muon_lr", "muon_momentum", "muon_warmup", "muon_dtype", "muon_split_qkv", "normuon")  # optimizer='muon's
+
+
 def recipe_line(cfg: TrainConfig) -> str:
     """One line naming the model switches that are on (and GPT-2's tanh GELU) and the optimizer, when they differ
-    from nanoGPT's model and AdamW; '' otherwise (a nanoGPT command's header reads as before)."""
+    from nanoGPT's model and AdamW, and Muon's settings given to another optimizer (not applied); '' otherwise (a
+    nanoGPT command's header reads as before)."""
     on = [k if isinstance(v, bool) else f"{k}={getattr(cfg, k)}" for k, v in SWITCHES.items() if getattr(cfg, k) != v]
     if cfg.gelu != "erf" and not cfg.relu2:  # nanoGPT's MLP has the exact GELU; relu2 has none
         on.append(f"gelu={cfg.gelu}")
@@ -213,6 +217,11 @@ def recipe_line(cfg: TrainConfig) -> str:
             f"{cfg.muon_warmup} warm-up steps, Newton-Schulz in {muon_dtype(cfg)}{''.join(', ' + e for e in extra)}; "
             f"AdamW at learning_rate {cfg.learning_rate} for the rest)"
         )
+    else:
+        default = TrainConfig()
+        unused = [f"{k}={getattr(cfg, k)}" for k in MUON_ONLY if getattr(cfg, k) != getattr(default, k)]
+        if unused:
+            parts.append(f"Muon's {', '.join(unused)} not applied: the optimizer is {cfg.optimizer} (--optimizer=muon)")
     return "recipe: " + "; ".join(parts) + "\n" if parts else ""
 
 
