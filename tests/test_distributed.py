@@ -287,8 +287,9 @@ def test_hellaswag_during_fsdp_training_equals_one_process_scoring_the_checkpoin
 def test_a_ddp_checkpoint_resumes_under_fsdp_and_back(char_data, tmp_path):
     """DDP to step 4, FSDP from there to 6 (the optimizer state converted to FSDP's layout by parameter name),
     DDP again to 8 (from FSDP's layout): losses and weights equal one uninterrupted process's within 1e-5.
-    Muon (Newton-Schulz in float32, as above) and every model switch on, so both optimizers' states make the trip."""
-    common = {**DDP_RUN, **ALL_ON, "optimizer": "muon", "muon_warmup": 3, "muon_dtype": "float32"}
+    Muon (Newton-Schulz in float32, as above) with NorMuon and every model switch on, so both optimizers' states
+    make the trip, the neurons' statistics included."""
+    common = {**DDP_RUN, **ALL_ON, "optimizer": "muon", "muon_warmup": 3, "muon_dtype": "float32", "normuon": True}
     whole, _ = losses(one_process(char_data, tmp_path / "whole", common))
     out = tmp_path / "switching"
     for max_iters, parallel in ((4, "ddp"), (6, "fsdp"), (8, "ddp")):
