@@ -122,3 +122,20 @@ def test_a_resume_that_moves_the_embedding_into_or_out_of_its_own_group_is_refus
     assert r.returncode == 0, r.stderr
     assert "embedding_lr_scale 4.0 -> 2.0" in " ".join(r.stdout.split())
     assert json.loads((other / "config.json").read_text())["embedding_lr_scale"] == 2.0
+
+
+def test_every_muon_only_setting_is_named_when_not_applied():
+    """The settings whose help says they are optimizer='muon''s are the ones the recipe line names as not applied
+    to another optimizer (a new Muon setting added to the config and not to MUON_ONLY fails here)."""
+    import dataclasses
+
+    from gptforge.core.config import TrainConfig
+    from gptforge.train.setup import MUON_ONLY, recipe_line
+
+    muon_only = [f.name for f in dataclasses.fields(TrainConfig) if f.metadata["doc"].startswith("optimizer='muon'")]
+    assert sorted(muon_only) == sorted(MUON_ONLY)
+    changed = {"muon_lr": 0.5, "muon_momentum": 0.5, "muon_warmup": 7, "muon_dtype": "float32"}
+    changed |= {"muon_split_qkv": True, "normuon": True}
+    line = recipe_line(dataclasses.replace(TrainConfig(), **changed))
+    assert all(f"{k}={v}" in line for k, v in changed.items()) and "the optimizer is adamw" in line, line
+    assert recipe_line(TrainConfig()) == ""  # nanoGPT's settings: no line
