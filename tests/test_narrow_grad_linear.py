@@ -91,7 +91,8 @@ def test_a_model_trains_through_it_with_torchs_loss(counted, monkeypatch):
     theirs = loss_and_grads(model, idx)
     assert torch.equal(mine[0], theirs[0])  # the forward is torch's
     for name, grad in mine[1].items():
-        if name.endswith("mlp.c_proj.weight"):
-            torch.testing.assert_close(grad, theirs[1][name], rtol=2**-8, atol=2**-12 * grad.abs().max().item())
+        if name.endswith("mlp.c_proj.weight"):  # one bf16 rounding apart: a unit in the last place is 2^-8 to 2^-7 of
+            # the value (2^-7 just above a power of two: an element of 2.0e-3 differed by 2^-16 on a Zen 1 EPYC)
+            torch.testing.assert_close(grad, theirs[1][name], rtol=2**-7, atol=2**-12 * grad.abs().max().item())
         else:  # the gradients below it see the same input gradient
             assert torch.equal(grad, theirs[1][name]), name
