@@ -163,6 +163,7 @@ class Case:
     runs_code: bool = False  # the input tries to run code: the marker file must not appear
     torchrun: bool = False  # run under torchrun with 2 processes
     forbid: str | None = None  # text that would make the message wrong
+    rank0_late: float = 0.0  # torchrun: seconds rank 0 takes longer to meet the mistake, as on a loaded machine
 
 
 def do(change: Callable[[Path], object], args: list[str]) -> Callable[[Path, list], list[str]]:
@@ -198,7 +199,7 @@ def check_row(case: Case, workspace_template: Path, tmp_path: Path) -> None:
         args = case.build(ws, held)
         before = snapshot(ws)
         if case.torchrun:
-            r = torchrun(args, ws)
+            r = torchrun(args, ws, case.rank0_late)
         else:
             r = run_cli(*args, cwd=ws, timeout=120)
     finally:
@@ -208,8 +209,9 @@ def check_row(case: Case, workspace_template: Path, tmp_path: Path) -> None:
             (ws / "locked").chmod(0o700)
     err = r.stderr
     if case.torchrun:
-        # Rank 0 prints the message, every rank exits 2; torchrun itself then exits 1 and prints its own summary
-        # (a ChildFailedError traceback of torch/distributed/run.py, "exitcode  : 2" per rank). None of ours.
+        # Rank 0 prints the message and exits 2, the other rank waiting for torchrun to end it; torchrun itself then
+        # exits 1 and prints its own summary (a ChildFailedError traceback of torch/distributed/run.py, "exitcode  :
+        # 2" for rank 0). None of ours.
         assert r.returncode == 1, (r.returncode, err[-3000:])
         assert err.count("gptforge: error:") == 1 and "exitcode  : 2" in err, err[-3000:]
         assert not [line for line in err.splitlines() if line.strip().startswith("File ") and "/gptforge/" in line]
@@ -231,8 +233,23 @@ def check_row(case: Case, workspace_template: Path, tmp_path: Path) -> None:
     }
 
 
-def torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+RANK0_LATE = """import os, time
+if os.environ.get("RANK") == "0":
+    from gptforge.core.errors import UserError
+    made = UserError.__init__
+    def late(self, *args, **kwargs):
+        time.sleep({seconds})
+        made(self, *args, **kwargs)
+    UserError.__init__ = late
+"""
+
+
+def torchrun(args: list[str], cwd: Path, rank0_late: float = 0.0) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "gptforge", *args]
-    return subprocess.run(
-        cmd, cwd=cwd, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if rank0_late:  # a sitecustomize that makes the process whose RANK is 0 slower to raise a user error
+        late = cwd.parent / "rank0-late"
+        late.mkdir()
+        (late / "sitecustomize.py").write_text(RANK0_LATE.format(seconds=rank0_late), encoding="utf-8")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(late), env.get("PYTHONPATH")]))
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=180, env=env)

@@ -212,7 +212,9 @@ def test_fsdp_matches_one_process_and_its_checkpoint_loads_in_one_process(data, 
 
 def test_user_error_under_torchrun_exits_cleanly_on_every_rank(char_data, tmp_path):
     """gradient_accumulation_steps=3 does not divide across 2 processes: rank 0 prints the error once (no
-    traceback), every rank tears its process group down and exits 2; torchrun returns promptly, no rank hangs."""
+    traceback) and exits 2, every rank tears its process group down, the other waits for torchrun to end it (so it
+    cannot end rank 0 before it speaks: tests/test_hostile_inputs.py's rank-0-late row); torchrun returns promptly,
+    no rank hangs."""
     r = torchrun(*tiny_train_args(char_data, tmp_path / "r", gradient_accumulation_steps=3), timeout=120)
     assert r.returncode != 0
     assert r.stderr.count("does not divide across 2 processes; make it a multiple of 2") == 1

@@ -71,6 +71,16 @@ ROWS = [
         id="config-grad-accum-not-divisible-across-2-ranks-torchrun",
     ),
     pytest.param(
+        Case(
+            just(train("--backend=gloo", "--gradient_accumulation_steps=3")),
+            "gradient_accumulation_steps=3",
+            "make it a multiple of 2",
+            torchrun=True,
+            rank0_late=4.0,  # rank 1 meets the mistake first: rank 0 must still be there to say it (a CI failure)
+        ),
+        id="config-grad-accum-not-divisible-torchrun-rank-0-late",
+    ),
+    pytest.param(
         Case(just(train("--eval_iters=0")), "--eval_iters", "must be a positive integer"), id="config-eval_iters-0"
     ),
     pytest.param(

@@ -9,6 +9,7 @@ import importlib
 import inspect
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -123,12 +124,22 @@ def run_bench(args: list[str]) -> int:
     return 0
 
 
+OTHER_RANKS_WAIT_S = 10.0
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     keep_freed_memory()  # before torch allocates anything large; reaches every process started from here
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except UserError as e:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank meets the same mistake: say it once
+        rank = os.environ.get("RANK", "0")
+        if rank != "0":
+            # Under torchrun every rank meets the same mistake and rank 0 says it; torchrun ends the other ranks
+            # when one exits. A rank that left first would have rank 0 ended before it spoke (seen on a loaded
+            # 2-core machine), so the others wait to be ended; a mistake only this rank meets is said after the wait.
+            time.sleep(OTHER_RANKS_WAIT_S)
+            print(f"gptforge: error (rank {rank}): {e}", file=sys.stderr)
+        else:
             print(f"gptforge: error: {e}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
