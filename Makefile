@@ -38,7 +38,7 @@ chromium:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
 test: lint chromium $(VENV)/.test-extra
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15  # the slowest tests named: where CI time goes on each CPU kind
 
 clean:
 	rm -rf $(VENV) out-shakespeare-char data/shakespeare_char .pytest_cache
