@@ -14,6 +14,7 @@ test_hostile_inputs_run.py; the workspace, the builders and the check they share
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -31,6 +32,13 @@ from hostile_tools import (
     train,
     workspace_template,  # noqa: F401 (a fixture, used by test_hostile_input)
     write,
+)
+
+GRAD_ACCUM_ACROSS_2_RANKS = Case(
+    just(train("--backend=gloo", "--gradient_accumulation_steps=3")),
+    "gradient_accumulation_steps=3",
+    "make it a multiple of 2",
+    torchrun=True,
 )
 
 ROWS = [
@@ -61,23 +69,10 @@ ROWS = [
         Case(just(train("--block_size=2000")), "data/tiny/val.bin", "smaller --block_size or more data"),
         id="config-block_size-longer-than-val-split",
     ),
+    pytest.param(GRAD_ACCUM_ACROSS_2_RANKS, id="config-grad-accum-not-divisible-across-2-ranks-torchrun"),
     pytest.param(
-        Case(
-            just(train("--backend=gloo", "--gradient_accumulation_steps=3")),
-            "gradient_accumulation_steps=3",
-            "make it a multiple of 2",
-            torchrun=True,
-        ),
-        id="config-grad-accum-not-divisible-across-2-ranks-torchrun",
-    ),
-    pytest.param(
-        Case(
-            just(train("--backend=gloo", "--gradient_accumulation_steps=3")),
-            "gradient_accumulation_steps=3",
-            "make it a multiple of 2",
-            torchrun=True,
-            rank0_late=4.0,  # rank 1 meets the mistake first: rank 0 must still be there to say it (a CI failure)
-        ),
+        # rank 1 meets the mistake first: rank 0 must still be there to say it (a CI failure)
+        dataclasses.replace(GRAD_ACCUM_ACROSS_2_RANKS, rank0_late=4.0),
         id="config-grad-accum-not-divisible-torchrun-rank-0-late",
     ),
     pytest.param(
