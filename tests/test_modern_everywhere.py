@@ -52,15 +52,53 @@ def test_hellaswag_scores_a_model_with_every_switch(bpe_data, hellaswag_path, tm
     assert r.stdout.startswith("hellaswag: 4 examples, acc ")
 
 
+PACKED = torch.tensor([list(range(20)) + list(range(12)), list(range(32))])  # two documents in the first row
+
+
 @pytest.mark.slow
-def test_compile_equals_eager_with_every_switch():
-    model = tiny(**{**ALL_ON, "zero_init": False})
-    compiled = torch.compile(tiny(**{**ALL_ON, "zero_init": False}))
+@pytest.mark.parametrize(
+    ("switches", "positions"),
+    [
+        (ALL_ON, None),
+        (ALL_ON, PACKED),  # the angles of (B, T) positions, (B, 1, T, hs / 2), and a document mask
+        ({**ALL_ON, "qk_norm": False}, None),  # rotary alone
+        ({**ALL_ON, "rotary": False}, None),  # qk-norm alone
+    ],
+    ids=["every-switch", "packed-positions", "rotary-alone", "qk-norm-alone"],
+)
+def test_compile_equals_eager_with_every_switch(switches, positions):
+    """Under torch.compile q and k are rotated and normalised before the heads move (gpt.heads_second), eagerly
+    after: the loss and every gradient agree."""
+    torch._dynamo.reset()
+    model = tiny(**{**switches, "zero_init": False})
+    compiled = torch.compile(tiny(**{**switches, "zero_init": False}))
     idx = torch.randint(0, 37, (2, 32), generator=torch.Generator().manual_seed(8))
-    eager_loss = model(idx, idx)[1]
-    compiled_loss = compiled(idx, idx)[1]
+    eager_loss = model(idx, idx, positions=positions)[1]
+    compiled_loss = compiled(idx, idx, positions=positions)[1]
     eager_loss.backward()
     compiled_loss.backward()
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=0, atol=1e-5)
     for (name, a), b in zip(model.named_parameters(), compiled.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-5, msg=name)
+
+
+def test_compiled_attention_takes_views_of_c_attn_in_its_own_order():
+    """Under torch.compile attention's q, k and v are (B, nh, T, hs) views of (B, T, nh, hs) tensors (heads
+    adjacent in memory): rotated and normalised before the heads move, so their gradients come back in c_attn's order,
+    with no copy that transposes them (on an H100 such a copy took ~5% of GPT-2's step). Read from the strides of
+    the traced graph's example values."""
+    seen = []
+
+    def backend(gm, example_inputs):  # noqa: ANN001, ANN202 - dynamo's backend signature
+        for node in gm.graph.nodes:
+            if node.target is torch.nn.functional.scaled_dot_product_attention:
+                seen.append([arg.meta["example_value"].stride() for arg in node.args[:3]])
+        return gm.forward
+
+    torch._dynamo.reset()
+    model = tiny(**ALL_ON)  # n_head 2, n_embd 32: hs 16
+    idx = torch.randint(0, 37, (2, 32), generator=torch.Generator().manual_seed(3))
+    torch.compile(model, backend=backend)(idx, idx)
+    assert len(seen) == 2  # one per layer
+    # q and k: the rotation's (B, T, nh, hs) outputs; v: c_attn's own (B, T, 3 C) output, sliced
+    assert all(strides == [(32 * 32, 16, 32, 1)] * 2 + [(32 * 96, 16, 96, 1)] for strides in seen), seen

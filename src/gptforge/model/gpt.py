@@ -46,6 +46,14 @@ def norm_layer(config: GPTConfig) -> nn.Module:
     return RMSNorm() if config.rmsnorm else LayerNorm(config.n_embd, bias=config.bias)
 
 
+def heads_second(angles: torch.Tensor) -> torch.Tensor:
+    """Rotary cos or sin, (T, hs / 2) or (B, 1, T, hs / 2) as rotary_angles gives them, made to broadcast over
+    (B, T, nh, hs / 2). Under torch.compile q and k are rotated and normalised before the heads move to dimension
+    1: the gradients of q, k and v then come back in c_attn's own (B, T, 3 C) order, and attention's inputs and
+    output are strided views of it (no copy that transposes them, forward or backward)."""
+    return angles.unsqueeze(-2) if angles.dim() == 2 else angles.transpose(1, 2)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -58,6 +66,16 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
         self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = Dropout(config.dropout)
+
+    def rotate_and_norm(self, q: torch.Tensor, k: torch.Tensor, rope: Rope | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k rotated by rope and normalised (qk-norm), as the model's settings say; rope broadcasts over q."""
+        if rope is not None and self.qk_norm:  # one step: on a CPU one pass each way (layers.rotary_rms_norm)
+            return rotary_rms_norm(q, *rope), rotary_rms_norm(k, *rope)
+        if rope is not None:
+            return apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if self.qk_norm:
+            return rms_norm(q), rms_norm(k)
+        return q, k
 
     def forward(
         self,
@@ -80,15 +98,14 @@ class CausalSelfAttention(nn.Module):
         own = cache is None and (self.fast_dropout and 0.0 < p < 1.0 or p == 0.0 and own_attention_pays(qkv))
         if own and rope is None and not self.qk_norm and not torch.compiler.is_compiling():
             q, k, v = split_heads(qkv, self.n_head)  # (B, nh, T, hs) each, contiguous, as `attention` takes them
+        elif torch.compiler.is_compiling():  # rotated and normalised as (B, T, nh, hs): see heads_second
+            q, k, v = (t.view(B, T, self.n_head, C // self.n_head) for t in qkv.split(self.n_embd, dim=2))
+            q, k = self.rotate_and_norm(q, k, None if rope is None else (heads_second(rope[0]), heads_second(rope[1])))
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         else:
             hs = C // self.n_head
             q, k, v = (t.view(B, T, self.n_head, hs).transpose(1, 2) for t in qkv.split(self.n_embd, dim=2))
-        if rope is not None and self.qk_norm:  # one step: on a CPU one pass each way (layers.rotary_rms_norm)
-            q, k = rotary_rms_norm(q, *rope), rotary_rms_norm(k, *rope)
-        elif rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        elif self.qk_norm:
-            q, k = rms_norm(q), rms_norm(k)
+            q, k = self.rotate_and_norm(q, k, rope)
         causal = mask is None
         if cache is not None:
             # A prefill (empty cache) is causal over the prompt; one new token attends to every cached one, all in
