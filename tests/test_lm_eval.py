@@ -211,6 +211,23 @@ def test_lm_evals_python_api_takes_model_gptforge(work):
     assert 0.0 <= float(r.stdout.strip().splitlines()[-1]) <= 1.0
 
 
+def test_tasks_all_in_include_path_index_that_folder_alone(work, tmp_path):
+    """Tasks all in --include_path: lm-eval's own ~14,700 task files are not indexed (the evaluations above take
+    this route and equal lm-eval's own model). A group there, which may list lm-eval's tasks, takes both folders."""
+    from gptforge.evaluate.harness import task_manager_for
+
+    local = task_manager_for(["hellaswag_local", "shakespeare_perplexity"], str(work / "tasks"))
+    assert {"hellaswag_local", "shakespeare_perplexity"} <= set(local.all_tasks)
+    assert "arc_easy" not in local.all_tasks
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    for name in ("hellaswag_local.yaml", "utils.py"):
+        (folder / name).write_text((work / "tasks" / name).read_text())
+    (folder / "mixed.yaml").write_text("group: mixed\ntask:\n  - hellaswag_local\n  - arc_easy\n")
+    both = task_manager_for(["hellaswag_local", "mixed"], str(folder))
+    assert {"hellaswag_local", "mixed", "arc_easy"} <= set(both.all_tasks)
+
+
 def test_clear_errors(work, char_data, tmp_path):
     base = ("eval", "lm-eval", f"--out_dir={work / 'gpt2'}", "--device=cpu")
     r = run_cli(*base, "--tasks=hellaswag_lokal", f"--include_path={work / 'tasks'}", cwd=tmp_path)
