@@ -30,6 +30,22 @@ def tiny(**kw) -> GPT:
     return GPT(GPTConfig(**{**dict(block_size=32, vocab_size=37, n_layer=2, n_head=2, n_embd=32, bias=False), **kw}))
 
 
+def traced_graphs(model: GPT, *args, **kw) -> list:
+    """The FX graphs torch.compile's tracer makes of model(*args, **kw) (no_grad, one whole graph), with their nodes'
+    example values (shapes, strides); no compiler runs."""
+    graphs = []
+
+    def capture(gm, example_inputs):  # noqa: ANN001, ANN202 - dynamo's backend signature
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=capture, fullgraph=True)(*args, **kw)
+    torch._dynamo.reset()
+    return graphs
+
+
 def test_rotary_matches_a_float64_rotation():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 7, 8, generator=gen)
@@ -99,16 +115,7 @@ def test_the_rotary_table_is_rotary_angles_computed_once():
         assert torch.equal(after, model.hidden_states(idx[:, 20:], caches[1], positions=torch.arange(20, 32)))
 
     def trig_ops(**kw) -> set[str]:
-        graphs = []
-
-        def capture(gm, example_inputs):  # noqa: ANN001, ANN202 - dynamo's backend signature
-            graphs.append(gm)
-            return gm.forward
-
-        torch._dynamo.reset()
-        with torch.no_grad():
-            torch.compile(model, backend=capture, fullgraph=True)(idx, idx, **kw)
-        torch._dynamo.reset()
+        graphs = traced_graphs(model, idx, idx, **kw)
         return {str(n.target) for g in graphs for n in g.graph.nodes if str(n.target) in ("cos", "sin")}
 
     assert trig_ops() == set()

@@ -10,7 +10,7 @@ import torch
 from conftest import run_cli, tiny_train_args
 from fault_campaign import run_campaign
 from test_faults import check_campaign
-from test_modern import ALL_ON, tiny
+from test_modern import ALL_ON, tiny, traced_graphs
 
 MODERN = {**ALL_ON, "optimizer": "muon", "muon_warmup": 5}
 
@@ -87,18 +87,14 @@ def test_compiled_attention_takes_views_of_c_attn_in_its_own_order():
     adjacent in memory): rotated and normalised before the heads move, so their gradients come back in c_attn's order,
     with no copy that transposes them (on an H100 such a copy took ~5% of GPT-2's step). Read from the strides of
     the traced graph's example values."""
-    seen = []
-
-    def backend(gm, example_inputs):  # noqa: ANN001, ANN202 - dynamo's backend signature
-        for node in gm.graph.nodes:
-            if node.target is torch.nn.functional.scaled_dot_product_attention:
-                seen.append([arg.meta["example_value"].stride() for arg in node.args[:3]])
-        return gm.forward
-
-    torch._dynamo.reset()
-    model = tiny(**ALL_ON)  # n_head 2, n_embd 32: hs 16
     idx = torch.randint(0, 37, (2, 32), generator=torch.Generator().manual_seed(3))
-    torch.compile(model, backend=backend)(idx, idx)
+    graphs = traced_graphs(tiny(**ALL_ON), idx, idx)  # n_head 2, n_embd 32: hs 16
+    seen = [
+        [arg.meta["example_value"].stride() for arg in node.args[:3]]
+        for graph in graphs
+        for node in graph.graph.nodes
+        if node.target is torch.nn.functional.scaled_dot_product_attention
+    ]
     assert len(seen) == 2  # one per layer
     # q and k: the rotation's (B, T, nh, hs) outputs; v: c_attn's own (B, T, 3 C) output, sliced
     assert all(strides == [(32 * 32, 16, 32, 1)] * 2 + [(32 * 96, 16, 96, 1)] for strides in seen), seen

@@ -98,14 +98,15 @@ class CausalSelfAttention(nn.Module):
         own = cache is None and (self.fast_dropout and 0.0 < p < 1.0 or p == 0.0 and own_attention_pays(qkv))
         if own and rope is None and not self.qk_norm and not torch.compiler.is_compiling():
             q, k, v = split_heads(qkv, self.n_head)  # (B, nh, T, hs) each, contiguous, as `attention` takes them
-        elif torch.compiler.is_compiling():  # rotated and normalised as (B, T, nh, hs): see heads_second
-            q, k, v = (t.view(B, T, self.n_head, C // self.n_head) for t in qkv.split(self.n_embd, dim=2))
-            q, k = self.rotate_and_norm(q, k, None if rope is None else (heads_second(rope[0]), heads_second(rope[1])))
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         else:
-            hs = C // self.n_head
-            q, k, v = (t.view(B, T, self.n_head, hs).transpose(1, 2) for t in qkv.split(self.n_embd, dim=2))
-            q, k = self.rotate_and_norm(q, k, rope)
+            q, k, v = (t.view(B, T, self.n_head, C // self.n_head) for t in qkv.split(self.n_embd, dim=2))
+            compiling = torch.compiler.is_compiling()
+            if compiling:  # rotated and normalised before the heads move: see heads_second
+                turned = None if rope is None else (heads_second(rope[0]), heads_second(rope[1]))
+                q, k = self.rotate_and_norm(q, k, turned)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs)
+            if not compiling:
+                q, k = self.rotate_and_norm(q, k, rope)
         causal = mask is None
         if cache is not None:
             # A prefill (empty cache) is causal over the prompt; one new token attends to every cached one, all in
