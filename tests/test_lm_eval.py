@@ -244,8 +244,11 @@ def test_clear_errors(work, char_data, tmp_path):
     assert r.returncode == 2 and "pip install 'gptforge[eval]'" in r.stderr, r.stderr
     r = run_cli("train", *tiny_train_args(char_data, tmp_path / "char", max_iters=2), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    r = run_cli("eval", "lm-eval", f"--out_dir={tmp_path / 'char'}", "--tasks=hellaswag", cwd=tmp_path)
+    # a checkpoint that cannot be scored is named before the tasks are looked up (here a misspelt one as well)
+    r = run_cli("eval", "lm-eval", f"--out_dir={tmp_path / 'char'}", "--tasks=hellaswag_lokal", cwd=tmp_path)
     assert r.returncode == 2 and "character vocabulary" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = run_cli(*base, "--tasks=hellaswag_lokal", "--apply_chat_template", cwd=tmp_path)  # GPT-2's shape: a base model
+    assert r.returncode == 2 and "--apply_chat_template" in r.stderr and "is a base model" in r.stderr, r.stderr
     for option, message in (("--limit=0", "--limit must be positive"), ("--batch_size=0", "--batch_size must")):
         r = run_cli(*base, "--tasks=hellaswag", option, cwd=tmp_path)
         assert r.returncode == 2 and message in r.stderr, r.stderr
