@@ -96,11 +96,11 @@ class CausalSelfAttention(nn.Module):
         qkv = self.c_attn(x)  # (B, T, 3 C): q, k, v side by side
         p = self.dropout if self.training else 0.0
         own = cache is None and (self.fast_dropout and 0.0 < p < 1.0 or p == 0.0 and own_attention_pays(qkv))
-        if own and rope is None and not self.qk_norm and not torch.compiler.is_compiling():
+        compiling = torch.compiler.is_compiling()
+        if own and rope is None and not self.qk_norm and not compiling:
             q, k, v = split_heads(qkv, self.n_head)  # (B, nh, T, hs) each, contiguous, as `attention` takes them
         else:
             q, k, v = (t.view(B, T, self.n_head, C // self.n_head) for t in qkv.split(self.n_embd, dim=2))
-            compiling = torch.compiler.is_compiling()
             if compiling:  # rotated and normalised before the heads move: see heads_second
                 turned = None if rope is None else (heads_second(rope[0]), heads_second(rope[1]))
                 q, k = self.rotate_and_norm(q, k, turned)
