@@ -8,31 +8,45 @@ finished tiny run `run/`), breaks it, snapshots every file (name and sha256), ru
     the snapshot is unchanged (no file lost, rewritten or half-written, none added);
     inputs that try to run code (pickles with __reduce__, config files) did not create their marker file.
 
-The rows for config and data are here; those for checkpoints, disk, dashboard and sample are in
+The rows for config, model shapes, data and chat rows against a model's context (on the workspace with chat data
+and models added: chat_template) are here; those for checkpoints, disk, dashboard and sample are in
 test_hostile_inputs_run.py; the workspace, the builders and the check they share are in hostile_tools.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import shutil
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
+from conftest import run_cli
 from hostile_tools import (
     CKPT,
     Case,
     check_row,
     cut,
     do,
+    edit_checkpoint,
     edit_meta,
     evil_meta_pkl,
     just,
+    sample,
     train,
     workspace_template,  # noqa: F401 (a fixture, used by test_hostile_input)
     write,
 )
+
+ODD_ROTARY = ("--rotary=True", "--n_embd=30", "--n_head=2")  # head size 15: rotary turns channels in pairs
+ODD_ROTARY_FIX = "n_embd / n_head = 30 / 2 = 15 is odd; use --n_embd=28, --n_embd=32, --n_head=3 or --rotary=False"
+ONE_WIDE_HEADS = "n_embd / n_head = 32 / 32 = 1 is odd: not a model gptforge builds"
+ONE_WIDE_CHECKPOINT = partial(edit_checkpoint, rotary=True, n_head=32)  # the run's 32 channels in 32 heads
 
 GRAD_ACCUM_ACROSS_2_RANKS = Case(
     just(train("--backend=gloo", "--gradient_accumulation_steps=3")),
@@ -62,7 +76,7 @@ ROWS = [
         Case(just(train("--batch_size")), "--batch_size", "--batch_size=VALUE"), id="config-flag-without-value"
     ),
     pytest.param(
-        Case(just(train("--n_embd=33")), "n_embd=33", "change --n_embd or --n_head"),
+        Case(just(train("--n_embd=33")), "--n_embd=33 must be divisible by n_head=2", "use --n_embd=32, --n_embd=34"),
         id="config-n_embd-not-divisible-by-n_head",
     ),
     pytest.param(
@@ -148,6 +162,21 @@ ROWS = [
     pytest.param(
         Case(just(train("--block_size=100000000")), "GB available: lower", "--batch_size or --block_size"),
         id="config-block_size-too-big-for-memory",
+    ),
+    # --- a model switch on a shape it cannot build (core/shape.py's rules), wherever a model is built ------------
+    pytest.param(
+        Case(just(train(*ODD_ROTARY)), "--rotary=True", ODD_ROTARY_FIX), id="model-rotary-odd-head-size-train"
+    ),
+    pytest.param(
+        Case(just(["bench", "--device=cpu", "--iters=1", *ODD_ROTARY]), "--rotary=True", ODD_ROTARY_FIX),
+        id="model-rotary-odd-head-size-bench",
+    ),
+    pytest.param(
+        Case(do(ONE_WIDE_CHECKPOINT, sample()), CKPT, ONE_WIDE_HEADS), id="model-rotary-odd-head-size-checkpoint-sample"
+    ),
+    pytest.param(
+        Case(do(ONE_WIDE_CHECKPOINT, train(init_from="resume", max_iters=6)), CKPT, ONE_WIDE_HEADS),
+        id="model-rotary-odd-head-size-checkpoint-resume",
     ),
     # --- data: train from scratch over the finished run, which must survive the failed start ------------------
     pytest.param(
@@ -237,8 +266,135 @@ def test_hostile_input(case: Case, workspace_template: Path, tmp_path: Path):  #
     check_row(case, workspace_template, tmp_path)
 
 
+# --- chat data against the model's context: rows longer than it can read, before anything is written ------------
+TALK = 256  # the chat rows: `gptforge prepare chat`'s default --block_size
+BASE = 64  # the context of the models to fine-tune
+
+
+def talk_files(root: Path) -> None:
+    """200 short conversations: talk.jsonl (OpenAI-style JSONL) and talk.txt (the same lines, the tokenizer's text)."""
+    lines = []
+    for a, b in np.random.default_rng(0).integers(10, 99, (200, 2)).tolist():
+        turns = [{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": f"{a + b}"}]
+        lines.append(json.dumps({"messages": turns}) + "\n")
+    for name in ("talk.jsonl", "talk.txt"):
+        (root / name).write_text("".join(lines), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def chat_template(workspace_template: Path, tmp_path_factory) -> Path:  # noqa: F811
+    """The shared workspace plus: an own 300-token BPE `tk` and its chat data from talk.jsonl, `talk` (rows of 256)
+    and `talk64` (rows of 64); models of 64 positions to fine-tune, random, as run folders and their Hugging Face
+    exports: `base` / `base-hf` (learned positions, GPT-2's model) and `rope` / `rope-hf` (rotary, NanoChat's);
+    and `sft`, a finished SFT run on talk64 to resume."""
+    from chat_tools import tiny_model, write_run
+    from gptforge.chat.prepare import prepare_chat
+    from gptforge.data.loader import read_meta
+    from gptforge.model.gpt import model_vocab_size
+    from gptforge.tokenizer.bpe import load_tokenizer
+    from gptforge.tokenizer.train import train_tokenizer
+    from gptforge.weights.export import export_hf
+
+    root = tmp_path_factory.mktemp("hostile-chat") / "ws"
+    shutil.copytree(workspace_template, root)
+    talk_files(root)
+    folder = train_tokenizer([str(root / "talk.txt")], 300, "tk", out_root=str(root / "tokenizers"))
+    spec = load_tokenizer(folder).spec()
+    for name, rows in (("talk", TALK), ("talk64", BASE)):
+        prepare_chat([str(root / "talk.jsonl")], name, spec, rows, data_dir=str(root / "data"))
+    vocab = model_vocab_size(read_meta(str(root / "data" / "talk")))
+    nanochat = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untie_head=True)
+    for name, switches in (("base", {}), ("rope", nanochat)):
+        model = tiny_model(vocab, BASE, **switches)
+        write_run(root / name, model, spec, chat=False)
+        export_hf(model, str(root / f"{name}-hf"), spec)
+    r = run_cli(*sft(dataset="talk64", block_size=BASE, out_dir="sft"), cwd=root)
+    assert r.returncode == 0, r.stderr
+    return root
+
+
+def sft(*extra: str, **overrides) -> list[str]:
+    """`gptforge train --task=sft` on `talk` (rows of 256) into run-s2, with the tiny run's options."""
+    return train("--task=sft", *extra, **{"dataset": "talk", "out_dir": "run-s2", **overrides})
+
+
+def one_wide_heads(ws: Path) -> None:
+    """rope-hf's config.json edited to 32 heads of one channel: its weights still load, rotary cannot turn them."""
+    path = ws / "rope-hf" / "config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 1}))
+
+
+AGAIN_64 = r"prepare the chat data again with --block_size 64 \(`gptforge prepare chat FILE\.\.\. --name NAME"
+PAST_LEARNED = r"rows of at most 64 fit it: " + AGAIN_64
+CHAT_ROWS = [
+    pytest.param(
+        Case(just(sft(init_from="base", block_size=TALK)), "--init_from=base", PAST_LEARNED, forbid="train with"),
+        id="chat-rows-past-a-run-folders-learned-positions-at-their-block_size",  # the issue: exit 1 at the eval
+    ),
+    pytest.param(
+        Case(just(sft(init_from="base-hf", block_size=BASE)), "--init_from=base-hf", PAST_LEARNED, forbid="train with"),
+        id="chat-rows-past-hugging-face-learned-positions-at-their-block_size",
+    ),
+    pytest.param(
+        Case(just(sft(block_size=BASE)), "--block_size=64", r"train with --block_size=256, or " + AGAIN_64),
+        id="chat-rows-not-the-block_size-scratch",
+    ),
+    pytest.param(
+        Case(
+            just(train(init_from="resume", out_dir="sft", dataset="talk", block_size=None, max_iters=8)),
+            "the run in sft reads 64 tokens",
+            r"resume on the dataset it was trained on, or " + AGAIN_64,
+            forbid="train with",
+        ),
+        id="chat-rows-not-the-resumed-runs-block_size",
+    ),
+    pytest.param(
+        Case(
+            just(sft(init_from="rope", block_size=32)),
+            "--block_size=32",
+            r"train with --block_size=256, or prepare the chat data again with --block_size 32",
+        ),
+        id="chat-rows-not-the-block_size-rotary-run-folder",  # rotary grows to the rows: --block_size=256 works
+    ),
+    pytest.param(
+        Case(
+            do(one_wide_heads, ["sample", "--init_from=rope-hf", "--device=cpu"]), "rope-hf/config.json", ONE_WIDE_HEADS
+        ),
+        id="model-rotary-odd-head-size-hugging-face-folder-sample",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CHAT_ROWS)
+def test_chat_rows_against_the_models_context(case: Case, chat_template: Path, tmp_path: Path):
+    check_row(case, chat_template, tmp_path)
+
+
+def test_the_advice_for_rows_past_learned_positions_works(chat_template: Path, tmp_path: Path):
+    """The advised command (the chat data prepared again with the model's 64) then fine-tunes the base run."""
+    ws = tmp_path / "ws"
+    shutil.copytree(chat_template, ws)
+    again = ["prepare", "chat", "talk.jsonl", "--name", "talk-again", "--tokenizer", "tk", "--block_size", "64"]
+    assert run_cli(*again, cwd=ws).returncode == 0
+    r = run_cli(*sft(init_from="base", block_size=BASE, dataset="talk-again"), cwd=ws)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((ws / "run-s2" / "config.json").read_text())["block_size"] == BASE
+
+
+@pytest.mark.parametrize("source", ["rope", "rope-hf"])
+def test_a_rotary_model_grows_to_the_rows_it_is_told_to_train_at(chat_template: Path, tmp_path: Path, source: str):
+    """Rotary positions are computed: --block_size=256 (the advice) fine-tunes a 64-position model on 256's."""
+    ws = tmp_path / "ws"
+    shutil.copytree(chat_template, ws)
+    r = run_cli(*sft(init_from=source, block_size=TALK), cwd=ws)
+    assert r.returncode == 0, r.stderr
+    assert "the context grows from the weights' 64 tokens to the rows' 256" in r.stdout
+    assert torch.load(ws / "run-s2" / "ckpt.pt", weights_only=True)["model_args"]["block_size"] == TALK
+
+
 def test_every_row_has_a_distinct_readable_id():
     from test_hostile_inputs_run import ROWS as RUN_ROWS
 
-    ids = [p.id for p in ROWS + RUN_ROWS]
+    ids = [p.id for p in ROWS + CHAT_ROWS + RUN_ROWS]
     assert len(ids) == len(set(ids)) and all(re.fullmatch(r"[a-z0-9_-]+", i) for i in ids)

@@ -2,8 +2,9 @@
 mean over the assistant's tokens of the whole step (a float64 reference), the loader really applies the mask (the
 gradient does not change when untrained tokens change), a micro-batch without a trained token adds nothing and
 no NaN, packed conversations never see each other, the export is a Hugging Face chat model (apply_chat_template ==
-our renderer; transformers' greedy generate == ours), SFT starts from a pretraining run's folder, and a chat
-dataset given to pretraining (and the reverse) is a clear exit 2."""
+our renderer; transformers' greedy generate == ours), SFT starts from a pretraining run's folder, a rotary model
+grown to longer rows computes what its angles say, and a chat dataset given to pretraining (and the reverse) is a
+clear exit 2 (rows against the model's context, each start: test_hostile_inputs.py's chat rows)."""
 
 from __future__ import annotations
 
@@ -216,6 +217,28 @@ def test_a_chat_dataset_given_to_pretraining_and_the_reverse_are_refused(chat_da
     r = run_cli("train", *tiny_train_args(chat_data, tmp_path / "c", dataset="talk", block_size=32), "--task=sft")
     assert r.returncode == 2 and f"holds rows of {ROW} tokens" in r.stderr
     assert not any((tmp_path / d).exists() for d in ("a", "b", "c"))
+
+
+def test_a_rotary_model_grown_past_its_block_size_computes_what_its_angles_say():
+    """SFT on rows longer than a rotary model's block_size grows its context (train/start.fit_context): the grown
+    model's logits, read from its longer cos / sin table, equal the original model's with the angles of the same
+    positions computed directly, and within the old context its own. A learned position table only shrinks."""
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=16, vocab_size=97, n_layer=2, n_head=2, n_embd=16, rotary=True, qk_norm=True)
+    model = GPT(config).double().eval()
+    grown = GPT(config).double().eval()
+    grown.load_state_dict(model.state_dict())
+    grown.crop_block_size(48)
+    x = torch.randint(0, 97, (2, 40))
+    with torch.no_grad():
+        ours = grown.logits(grown.hidden_states(x))  # positions 0 .. 39 from the grown table
+        reference = model.logits(model.hidden_states(x, positions=torch.arange(40)))  # angles computed for them
+        short = model.logits(model.hidden_states(x[:, :16]))
+    assert grown.config.block_size == 48 and grown.rope_cos.shape == (48, 4)
+    torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours[:, :16], short, rtol=1e-12, atol=1e-12)
+    with pytest.raises(AssertionError, match="a learned position table only shrinks"):
+        GPT(GPTConfig(block_size=16, vocab_size=97, n_layer=1, n_head=2, n_embd=16)).crop_block_size(48)
 
 
 def test_an_sft_run_resumed_halfway_equals_the_uninterrupted_run(chat_data, tmp_path):

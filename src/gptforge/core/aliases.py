@@ -1,5 +1,6 @@
 """build-nanogpt's flag names as aliases of TrainConfig keys, on the command line and in config files alike
-(`--mini_batch_size=64` is `--batch_size=64`). README "Coming from build-nanogpt" has the table and rules."""
+(`--mini_batch_size=64` is `--batch_size=64`), and its total_batch_size (tokens per step), from which
+gradient_accumulation_steps is derived. README "Coming from build-nanogpt" has the table and rules."""
 
 from __future__ import annotations
 
@@ -87,3 +88,25 @@ def alias_help() -> str:
         "place (the command line, or one file) is an error naming both; otherwise the later one wins.",
     ]
     return "\n".join(lines)
+
+
+def derived_accumulation(values: dict[str, Any], explicit: set[str]) -> int:
+    """gradient_accumulation_steps (summed over ranks), or what build-nanogpt's total_batch_size (tokens per
+    step) makes of it."""
+    total, accum = values["total_batch_size"], values["gradient_accumulation_steps"]
+    if total <= 0:
+        return accum
+    batch, block = values["batch_size"], values["block_size"]
+    per_micro = batch * block
+    if per_micro <= 0 or total % per_micro:
+        raise UserError(
+            f"--total_batch_size={total} is not a multiple of batch_size * block_size = "
+            f"{batch} * {block} = {per_micro}; change one of them"
+        )
+    steps = total // per_micro
+    if "gradient_accumulation_steps" in explicit and accum != steps:
+        raise UserError(
+            f"gradient_accumulation_steps={accum} contradicts total_batch_size="
+            f"{total} (which gives {steps}); set only one of them"
+        )
+    return steps

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gptforge.core.aliases import ALIASES, EPOCH_NAMES, Given, resolve_aliases, show
+from gptforge.core.aliases import ALIASES, EPOCH_NAMES, Given, derived_accumulation, resolve_aliases, show
 from gptforge.core.config_file import read_config_file
 from gptforge.core.errors import UserError
 from gptforge.core.files import CONFIG
-from gptforge.core.settings import below_one, check_fields, not_negative, positive, sections, setting
-from gptforge.core.shape import GELUS, WAS, ModelShape
+from gptforge.core.settings import below_one, check_fields, not_negative, port_number, positive, sections, setting
+from gptforge.core.shape import GELUS, WAS, ModelShape, check_shape
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's, on the Hugging Face hub: 124M-1558M
 
@@ -29,10 +29,6 @@ def _not_empty(value: str) -> str | None:
 
 def _share(value: float) -> str | None:
     return "must be in [0, 1] (the share of lr_decay_iters spent decaying)" if not 0.0 <= value <= 1.0 else None
-
-
-def _port(value: int) -> str | None:
-    return "must be a port number 0-65535 (0 = any free port)" if not 0 <= value <= 65535 else None
 
 
 def _model_source(value: str) -> str | None:
@@ -146,7 +142,7 @@ class TrainConfig(ModelShape):
     muon_dtype: str = setting(
         "auto",
         "optimizer='muon': the dtype of the Newton-Schulz iterations: 'bfloat16', 'float32', or 'auto' (bfloat16 on "
-        "CUDA and on CPUs with bf16 hardware, float32 where it is emulated)",
+        "CUDA and on CPUs whose bf16 products measure >= 1.25x float32's, float32 elsewhere)",
     )
     muon_split_qkv: bool = setting(
         False,
@@ -197,12 +193,13 @@ class TrainConfig(ModelShape):
     dtype: str = setting(
         "auto",
         "'float32', 'bfloat16', 'float16' (with a GradScaler) or 'auto' (CUDA: bf16 if supported, else "
-        "float16; CPU: bf16 with AMX/AVX512-BF16 and n_embd >= cpu_bf16_min_width, else float32; MPS: float32)",
+        "float16; CPU: bf16 where its products measure >= 1.25x float32's, n_embd >= cpu_bf16_min_width; MPS: "
+        "float32)",
     )
     cpu_bf16_min_width: int = setting(
         256,
-        "dtype='auto' on a CPU with bf16 hardware: bfloat16 from this n_embd up, float32 below (256 keeps "
-        "nanoGPT's README-size command in nanoGPT's float32 arithmetic; the 128-wide speedrun sets 128)",
+        "dtype='auto' on a CPU whose bf16 products are faster: bfloat16 from this n_embd up, float32 below "
+        "(256 keeps nanoGPT's README-size command in nanoGPT's float32 arithmetic; the 128-wide speedrun sets 128)",
         positive,
     )
     compile: bool | str = setting("auto", "torch.compile the model: True, False or 'auto' (on for CUDA, off elsewhere)")
@@ -241,10 +238,10 @@ class TrainConfig(ModelShape):
     )
     tensorboard_log: bool = setting(False, "also write TensorBoard event files to out_dir/tensorboard")
     dashboard: bool = setting(False, "serve this run's live web dashboard on 127.0.0.1 (needs gptforge[dashboard])")
-    dashboard_port: int = setting(8765, "port of the dashboard started by dashboard=True; 0 = any free port", _port)
+    dashboard_port: int = setting(8765, "port of dashboard=True's dashboard; 0 = any free port", port_number)
     seed: int = setting(1337, "random seed; each process adds its rank", section="gptforge's own")
     peak_flops: float = setting(
-        0.0, "peak FLOP/s for the MFU figure; 0 = a table for GPUs, a quick measure on CPU", not_negative
+        0.0, "peak FLOP/s for MFU; 0 = the machine's fastest product (GPU: a table, CPU: measured)", not_negative
     )
 
 
@@ -351,28 +348,6 @@ def coerce(key: str, value: Any, where: str, from_text: bool) -> Any:
     return value
 
 
-def derived_accumulation(values: dict[str, Any], explicit: set[str]) -> int:
-    """gradient_accumulation_steps (summed over ranks), or what build-nanogpt's total_batch_size (tokens per
-    step) makes of it."""
-    total, accum = values["total_batch_size"], values["gradient_accumulation_steps"]
-    if total <= 0:
-        return accum
-    batch, block = values["batch_size"], values["block_size"]
-    per_micro = batch * block
-    if per_micro <= 0 or total % per_micro:
-        raise UserError(
-            f"--total_batch_size={total} is not a multiple of batch_size * block_size = "
-            f"{batch} * {block} = {per_micro}; change one of them"
-        )
-    steps = total // per_micro
-    if "gradient_accumulation_steps" in explicit and accum != steps:
-        raise UserError(
-            f"gradient_accumulation_steps={accum} contradicts total_batch_size="
-            f"{total} (which gives {steps}); set only one of them"
-        )
-    return steps
-
-
 def validate(cfg: TrainConfig) -> None:
     """Checks that need no data or device: each key's own (its field's check), then those between keys."""
     check_fields(cfg)
@@ -381,11 +356,7 @@ def validate(cfg: TrainConfig) -> None:
             f"--batch_warmup_iters={cfg.batch_warmup_iters} needs --batch_warmup_size from 1 to batch_size "
             f"({cfg.batch_size}), got {cfg.batch_warmup_size}: the sequences each micro-batch trains on in those steps"
         )
-    if cfg.n_embd % cfg.n_head:
-        raise UserError(
-            f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head} (each head gets n_embd / "
-            "n_head channels); change --n_embd or --n_head"
-        )
+    check_shape(cfg)  # each model setting's shape rule (core/shape.py): before anything is built
 
 
 def help_text() -> str:

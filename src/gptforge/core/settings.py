@@ -31,6 +31,10 @@ def below_one(value: Any) -> str | None:
     return "must be in [0, 1)" if not 0.0 <= value < 1.0 else None
 
 
+def port_number(value: Any) -> str | None:
+    return "must be a port number 0-65535 (0 = any free port)" if not 0 <= value <= 65535 else None
+
+
 def check_fields(obj: Any) -> None:
     """Every field's own check, and that every float is finite: a UserError naming the first key that fails."""
     for f in dataclasses.fields(obj):

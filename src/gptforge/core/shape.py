@@ -8,6 +8,7 @@ here: the config and the dashboard read it."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,9 @@ from gptforge.core.errors import UserError
 from gptforge.core.settings import below_one, not_negative, positive, setting
 
 GELUS = ("erf", "tanh")  # the MLP's GELU: exact (nanoGPT's nn.GELU()) or the tanh approximation (GPT-2's gelu_new)
+# A setting's shape rule: the model's shape (every shape key) -> what stops GPT from building it ("key=value ..."),
+# or None. Only shapes that pass every rule reach GPT, so a rule is where a key's limits are said, once.
+Rule = Callable[[Mapping[str, Any]], "str | None"]
 
 
 def _shape(default: Any, doc: str, check: Any = None, **meta: Any) -> Any:
@@ -22,19 +26,38 @@ def _shape(default: Any, doc: str, check: Any = None, **meta: Any) -> Any:
     return setting(default, doc, check, frozen=True, **meta)
 
 
-def _switch(default: Any, doc: str, check: Any = None, **meta: Any) -> Any:
-    """A modern-recipe setting: its default (its off value) gives nanoGPT's model; checkpoints without it had it off."""
-    return _shape(default, doc, check, switch=True, was=default, **meta)
+def _switch(default: Any, doc: str, check: Any = None, *, rule: Rule | None, **meta: Any) -> Any:
+    """A modern-recipe setting: its default (its off value) gives nanoGPT's model; checkpoints without it had it off.
+    `rule` is required, so that a new switch says which shapes it cannot build (None: none; test_shape tries each
+    switch on the edge shapes either way)."""
+    return _shape(default, doc, check, switch=True, was=default, rule=rule, **meta)
 
 
 def _positive_float(value: float) -> str | None:
     return "must be positive (the rotary wavelength base, e.g. 10000)" if value <= 0 else None
 
 
+def _heads_divide(s: Mapping[str, Any]) -> str | None:
+    C, H = s["n_embd"], s["n_head"]
+    if H > 0 and C % H:
+        return f"n_embd={C} must be divisible by n_head={H} (each head gets n_embd / n_head channels)"
+    return None
+
+
+def _rotary_pairs(s: Mapping[str, Any]) -> str | None:
+    C, H = s["n_embd"], s["n_head"]
+    if s["rotary"] and H > 0 and C % H == 0 and (C // H) % 2:  # the rotation turns channel i with i + hs / 2
+        return (
+            f"rotary={s['rotary']} turns each head's channels in pairs, so it needs an even head size, and n_embd / "
+            f"n_head = {C} / {H} = {C // H} is odd"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class ModelShape:
     n_layer: int = _shape(12, "transformer blocks (GPT-2 124M: 12)", positive, section="model")
-    n_head: int = _shape(12, "attention heads; must divide n_embd", positive)
+    n_head: int = _shape(12, "attention heads; must divide n_embd", positive, rule=_heads_divide)
     n_embd: int = _shape(768, "embedding width", positive)
     block_size: int = _shape(1024, "context length in tokens (GPT-2: 1024)", positive)
     bias: bool = _shape(False, "biases in Linear and LayerNorm layers (GPT-2 has them; without is a bit better/faster)")
@@ -50,17 +73,27 @@ class ModelShape:
     )
     rotary: bool = _switch(
         False,
-        "rotary position embeddings (RoFormer; nanochat, modded-nanogpt) instead of learned ones",
+        "rotary position embeddings (RoFormer; nanochat, modded-nanogpt) instead of learned ones; needs an even head "
+        "size (n_embd / n_head)",
         section="the modern recipe's model switches (all off: GPT-2's model)",
+        rule=_rotary_pairs,
     )
-    rope_base: float = _switch(10000.0, "rotary=True: the wavelength base of the rotary angles", _positive_float)
-    rmsnorm: bool = _switch(False, "parameter-free RMSNorm instead of LayerNorm, also after the embedding (nanochat)")
-    qk_norm: bool = _switch(False, "RMS-normalise queries and keys per head, after rotary (nanochat, modded-nanogpt)")
-    relu2: bool = _switch(False, "ReLU(x)^2 in the MLP instead of GELU (Primer; nanochat, modded-nanogpt)")
-    untie_head: bool = _switch(False, "an output head of its own instead of the input embedding's transpose")
-    zero_init: bool = _switch(False, "attention's and the MLP's output projections start at zero (modded-nanogpt)")
+    rope_base: float = _switch(
+        10000.0, "rotary=True: the wavelength base of the rotary angles", _positive_float, rule=None
+    )
+    rmsnorm: bool = _switch(
+        False, "parameter-free RMSNorm instead of LayerNorm, also after the embedding (nanochat)", rule=None
+    )
+    qk_norm: bool = _switch(
+        False, "RMS-normalise queries and keys per head, after rotary (nanochat, modded-nanogpt)", rule=None
+    )
+    relu2: bool = _switch(False, "ReLU(x)^2 in the MLP instead of GELU (Primer; nanochat, modded-nanogpt)", rule=None)
+    untie_head: bool = _switch(False, "an output head of its own instead of the input embedding's transpose", rule=None)
+    zero_init: bool = _switch(
+        False, "attention's and the MLP's output projections start at zero (modded-nanogpt)", rule=None
+    )
     logit_softcap: float = _switch(
-        0.0, "> 0: logits = cap * tanh(logits / cap) (Gemma 2; nanochat uses 15)", not_negative
+        0.0, "> 0: logits = cap * tanh(logits / cap) (Gemma 2; nanochat uses 15)", not_negative, rule=None
     )
 
 
@@ -86,7 +119,59 @@ def saved_model_args(saved: dict[str, Any], nanogpt: bool = False) -> dict[str, 
         raise UserError(
             f"model_args gelu={args['gelu']!r} is not one of {', '.join(GELUS)}: not a model gptforge builds"
         )
+    broken = _broken(args)
+    if broken:  # written by other software, or edited: no setting of ours changes a saved shape
+        raise UserError(f"model_args {broken[1]}: not a model gptforge builds")
     return args
+
+
+def check_shape(settings: Any) -> None:
+    """Every shape rule on `settings` (a TrainConfig), before anything is built or written: a UserError naming the
+    setting, the shape and the nearest settings that build (shape_problem)."""
+    found = shape_problem({k: getattr(settings, k) for k in SHAPE_KEYS})
+    if found:
+        what, fixes = found
+        ways = [" ".join(f"--{k}={v}" for k, v in fix.items()) for fix in fixes]
+        either = f"{', '.join(ways[:-1])} or {ways[-1]}" if len(ways) > 1 else "".join(ways)
+        raise UserError(f"--{what}; use {either}" if ways else f"--{what}")
+
+
+def shape_problem(shape: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]] | None:
+    """The first rule `shape` (every shape key) breaks, as (what is wrong, the nearest settings that pass every
+    rule: n_embd below and above for these heads, the n_head nearest these heads for this width, and the breaking
+    switch off); None when GPT builds it. The alternatives are searched, not written per rule, so each one offered
+    builds, whichever rules a new switch brings."""
+    broken = _broken(shape)
+    if broken is None:
+        return None
+    key, what = broken
+    C, H = shape["n_embd"], shape["n_head"]
+
+    def builds(**change: Any) -> bool:
+        return _broken({**shape, **change}) is None
+
+    if H <= 0:  # check_fields' to refuse
+        return what, []
+    k = C // H  # a few widths and head counts each side, never a scan: n_embd and n_head may be huge
+    below = next((H * j for j in (k, k - 1, k - 2) if 0 < H * j < C and builds(n_embd=H * j)), None)
+    above = next((H * j for j in (k + 1, k + 2) if builds(n_embd=H * j)), None)
+    heads = [h for h in range(max(1, H - 64), H + 65) if h != H and builds(n_head=h)]
+    fixes: list[dict[str, Any]] = [{"n_embd": c} for c in (below, above) if c is not None]
+    if heads:
+        fixes.append({"n_head": min(heads, key=lambda h: (abs(h - H), -h))})  # a tie: more heads
+    if key in SWITCHES and builds(**{key: SWITCHES[key]}):
+        fixes.append({key: SWITCHES[key]})
+    return what, fixes
+
+
+def _broken(shape: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(the key whose rule `shape` breaks, what is wrong), the first in field order; None when every rule holds."""
+    for f in _FIELDS:
+        rule = f.metadata.get("rule")
+        what = rule(shape) if rule else None
+        if what:
+            return f.name, what
+    return None
 
 
 def parameter_count(args: dict[str, Any]) -> tuple[int, int]:

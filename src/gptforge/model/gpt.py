@@ -226,7 +226,7 @@ class GPT(nn.Module):
         """The rotary cos and sin of positions 0 .. block_size - 1 (float32, (block_size, head_size / 2) each), computed
         once: buffers that move with the model and stay out of its state_dict. Computed in each forward instead, they
         are fused by torch.compile into every kernel that uses them, pow, cos and sin per element of q and k: 190 of
-        1,250 ms of a GPT-2 124M modern-recipe step on an H200 (docs/PERFORMANCE.md). A model built on the meta
+        1,250 ms of a GPT-2 124M modern-recipe step on an H200 (docs/lab/2026-11-26-h200.md). A model built on the meta
         device calls this again once its weights are in place."""
         cfg, device = self.config, self.transformer.wte.weight.device
         positions = torch.arange(cfg.block_size, dtype=torch.long, device=device)
@@ -399,11 +399,15 @@ class GPT(nn.Module):
         self.config = dataclasses.replace(self.config, vocab_size=rows)
 
     def crop_block_size(self, block_size: int) -> None:
-        """Shrink the context length (e.g. GPT-2's 1024 to a smaller block_size for fine-tuning)."""
-        assert 0 < block_size <= self.config.block_size, "can only crop to a smaller block_size"
+        """Shrink the context length (e.g. GPT-2's 1024 to a smaller block_size for fine-tuning), or with rotary, which
+        learns no position table, set any (the rotary cos / sin computed again for it: longer chat rows)."""
+        fits = self.config.rotary or block_size <= self.config.block_size
+        assert 0 < block_size and fits, "a learned position table only shrinks"
         self.config = dataclasses.replace(self.config, block_size=block_size)
         if "wpe" in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+        else:
+            self.reset_rope()
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward): 6N for the matmuls + 12 L H Q T for attention.

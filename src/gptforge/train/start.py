@@ -78,6 +78,7 @@ def find_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start | 
         start = Start(args, model=model, source=cfg.init_from)
     else:
         start = Start(model_args(cfg, model_vocab_size(meta)))
+    fit_context(cfg, env, meta, start)
     if meta["vocab_size"] > start.args["vocab_size"] and meta.get("format") == "chat" and start.model is not None:
         rows = model_vocab_size(meta)  # GPT-2's 50,257 rows lack the chat tokens: the padded vocabulary has them
         env.say(
@@ -94,7 +95,7 @@ def find_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start | 
 
 
 def check_task(cfg: TrainConfig, meta: dict[str, Any]) -> None:
-    """A chat dataset is for --task=sft and only it, at the block_size its rows were packed for."""
+    """A chat dataset is for --task=sft and only it (its rows against the model's context: check_rows)."""
     chat = meta.get("format") == "chat"
     if chat and cfg.task != "sft":
         raise UserError(
@@ -105,18 +106,13 @@ def check_task(cfg: TrainConfig, meta: dict[str, Any]) -> None:
             f"--task=sft trains on a chat dataset (`gptforge prepare chat FILE... --name NAME`), but dataset "
             f"{cfg.dataset!r} is plain text: prepare one, or train on this one with --task=pretrain"
         )
-    if chat and cfg.block_size != meta["block_size"]:
-        raise UserError(
-            f"--block_size={cfg.block_size}: dataset {cfg.dataset!r} holds rows of {meta['block_size']} tokens; train "
-            f"with --block_size={meta['block_size']}, or prepare the chat data again with --block_size {cfg.block_size}"
-        )
     if (loader_kind(meta, cfg.data_loader) == "chat") != chat:
         raise UserError(f"--data_loader={cfg.data_loader} does not read dataset {cfg.dataset!r}; leave it at auto")
 
 
 def run_weights(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start:
     """Another run's weights (its folder's ckpt.pt) as a new run's start, e.g. SFT on a pretraining run: its shape
-    and tokenizer hold; the optimizer starts fresh, and the iteration count at 0."""
+    and tokenizer hold (its context as fit_context makes it); the optimizer starts fresh, the iteration count at 0."""
     path = os.path.join(cfg.init_from, CKPT)
     ckpt = load_checkpoint(path, map_location="cpu")
     args = checkpoint_model_args(ckpt, path)
@@ -128,9 +124,6 @@ def run_weights(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start:
         )
     model = GPT(GPTConfig(**args, dropout=cfg.dropout))
     load_model_state(model, ckpt["model"], path)
-    if cfg.block_size < args["block_size"]:
-        model.crop_block_size(cfg.block_size)
-        args = {**args, "block_size": cfg.block_size}
     env.say(f"weights from {path} (iter {ckpt.get('iter_num', '?')} of that run); the optimizer starts fresh")
     return Start(args, model=model, source=path)
 
@@ -198,8 +191,57 @@ def pretrained_model(cfg: TrainConfig, meta: dict[str, Any]) -> tuple[GPT, dict[
                 else ""
             )
         )
-    model, args = load_pretrained(cfg.init_from, dropout=cfg.dropout, block_size=cfg.block_size)
+    chat = meta.get("format") == "chat"  # the weights' whole context: the rows are checked against it (fit_context)
+    model, args = load_pretrained(cfg.init_from, dropout=cfg.dropout, block_size=None if chat else cfg.block_size)
     return model, saved_model_args(args)
+
+
+def fit_context(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], start: Start) -> None:
+    """The model's context made the run's, before anything is written: a chat dataset's row length once check_rows
+    has found it fits; otherwise a shorter --block_size crops the weights' (a longer one keeps theirs). A rotary
+    model, whose positions are computed rather than learned, grows to longer rows (said)."""
+    have, chat = start.args["block_size"], meta.get("format") == "chat"
+    if chat:
+        check_rows(cfg, meta, start)
+    want = meta["block_size"] if chat else min(cfg.block_size, have)
+    if want == have or start.model is None:
+        return
+    if want > have:
+        env.say(f"rotary positions: the context grows from the weights' {have} tokens to the rows' {want}")
+    start.model.crop_block_size(want)
+    start.args = {**start.args, "block_size": want}
+
+
+def check_rows(cfg: TrainConfig, meta: dict[str, Any], start: Start) -> None:
+    """A chat dataset's rows against the model's context (start.args' block_size: the weights' whole table), with
+    advice that works for this start: a resumed model keeps its context, learned positions cannot reach past the
+    weights' table, and a new model (or weights with room, or rotary ones) trains at --block_size=ROWS."""
+    rows, context, rotary = meta["block_size"], start.args["block_size"], start.args["rotary"]
+    data = f"dataset {cfg.dataset!r} holds rows of {rows} tokens"
+
+    def again(size: int) -> str:
+        return (
+            f"prepare the chat data again with --block_size {size} "
+            f"(`gptforge prepare chat FILE... --name NAME --block_size {size}`)"
+        )
+
+    if cfg.init_from == "resume" and rows != context:
+        raise UserError(
+            f"{data}, and the run in {cfg.out_dir} reads {context} tokens (its block_size, which a resumed model "
+            f"keeps): resume on the dataset it was trained on, or {again(context)}"
+        )
+    if cfg.init_from not in ("resume", "scratch") and rows > context and not rotary:
+        raise UserError(
+            f"{data}, more than the {context} positions --init_from={cfg.init_from} learned (its block_size; a "
+            f"learned position table cannot grow, whatever --block_size says); rows of at most {context} fit it: "
+            f"{again(context)}"
+        )
+    if cfg.init_from != "resume" and cfg.block_size != rows:
+        fits = cfg.init_from == "scratch" or rotary or cfg.block_size <= context
+        raise UserError(
+            f"--block_size={cfg.block_size}: {data}; train with --block_size={rows}, or "
+            f"{again(cfg.block_size if fits else context)}"
+        )
 
 
 def fixed_by_weights(cfg: TrainConfig, args: dict[str, Any], env: DistEnv) -> None:

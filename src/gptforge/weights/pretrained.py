@@ -17,7 +17,7 @@ import torch
 
 from gptforge.core.config import GPT2_NAMES
 from gptforge.core.errors import UserError
-from gptforge.core.shape import MODEL_ARGS
+from gptforge.core.shape import MODEL_ARGS, saved_model_args
 from gptforge.model.gpt import GPT, GPTConfig
 
 # what Hugging Face's NanoChatForCausalLM computes; zero_init only changes the start, rope_base and
@@ -45,7 +45,12 @@ def load_pretrained(
     folder = name_or_folder if os.path.isdir(name_or_folder) else _download(name_or_folder)
     config = _read_config(folder)
     nanochat = config.get("model_type") == "nanochat"
-    args = (_nanochat_args if nanochat else _gpt2_args)(config, os.path.join(folder, "config.json"))
+    path = os.path.join(folder, "config.json")
+    args = (_nanochat_args if nanochat else _gpt2_args)(config, path)
+    try:
+        saved_model_args(args)  # a shape GPT cannot build (rotary on an odd head size) stops before it is built
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
     n_positions = args["block_size"]
     if block_size is not None and not 0 < block_size <= n_positions:
         raise UserError(
