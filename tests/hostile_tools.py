@@ -66,6 +66,21 @@ def sample(*extra: str) -> list[str]:
     return ["sample", "--out_dir=run", "--device=cpu", "--num_samples=1", "--max_new_tokens=5", *extra]
 
 
+def serve(*extra: str, out_dir: str = "no-run") -> list[str]:
+    """`gptforge serve`, by default of a run folder that does not exist: a message naming the row's flag rather than
+    the missing checkpoint shows the flag was checked before any model was loaded (let alone compiled)."""
+    return ["serve", f"--out_dir={out_dir}", "--device=cpu", "--compile=off", *extra]
+
+
+def serve_more_rows_than_memory(ws: Path, held: list) -> list[str]:
+    """A --max_batch whose KV cache (16 KB a row for the run's model) holds more than any machine's memory."""
+    from gptforge.core.device import available_memory
+
+    if available_memory("cpu")[0] is None:
+        pytest.skip("this machine does not say how much memory is available (no /proc/meminfo)")
+    return serve("--max_batch=10000000000", out_dir="run")
+
+
 def marker(ws: Path) -> Path:
     return ws / "PWNED"
 

@@ -1,5 +1,5 @@
 """Hostile inputs against the finished run, end to end: damaged or foreign checkpoints (resume and sample), disk
-trouble, dashboard and sample options. Same rule and check as test_hostile_inputs.py (hostile_tools.py)."""
+trouble, dashboard, sample and serve options. Same rule and check as test_hostile_inputs.py (hostile_tools.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from hostile_tools import (
     just,
     port_in_use,
     sample,
+    serve,
+    serve_more_rows_than_memory,
     train,
     unwritable_out_dir,
     wider_dataset,
@@ -195,6 +197,47 @@ ROWS = [
     ),
     pytest.param(
         Case(just(sample("--temperature=nan")), "--temperature", "finite number"), id="sample-nan-temperature"
+    ),
+    # --- serve: every option checked before the model loads (hostile_tools.serve), the last two before it compiles --
+    pytest.param(
+        Case(just(serve("--port=-5")), "--port=-5", "0-65535.*--port 0 picks a free one"), id="serve-port-negative"
+    ),
+    pytest.param(Case(just(serve("--port=70000")), "--port=70000", "0-65535"), id="serve-port-out-of-range"),
+    pytest.param(
+        Case(
+            lambda ws, held: serve(f"--port={port_in_use(held)}"),
+            "--port",
+            "Address already in use.*choose another --port.*--port 0 picks a free one",
+        ),
+        id="serve-port-in-use",
+    ),
+    pytest.param(Case(just(serve("--host=")), "--host is empty", "127.0.0.1.*0.0.0.0"), id="serve-host-empty"),
+    pytest.param(
+        Case(just(serve("--host=192.0.2.1")), "--host=192.0.2.1", "not an address of this machine.*give 127.0.0.1"),
+        id="serve-host-not-this-machine",  # 192.0.2.0/24: reserved for documentation, never a machine's address
+    ),
+    pytest.param(
+        Case(just(serve("--api_key=")), "--api_key is empty", "leave --api_key out"), id="serve-api_key-empty"
+    ),
+    pytest.param(Case(just(serve("--api_key=my key")), "--api_key", "visible ASCII"), id="serve-api_key-with-a-space"),
+    pytest.param(Case(just(serve("--name= ")), "--name", "leave --name out"), id="serve-name-blank"),
+    pytest.param(Case(just(serve("--max_batch=0")), "--max_batch=0", "1 or more"), id="serve-max_batch-0"),
+    pytest.param(Case(just(serve("--max_messages=0")), "--max_messages=0", "1 or more"), id="serve-max_messages-0"),
+    pytest.param(
+        Case(just(serve("--max_tokens=-1")), "--max_tokens=-1", r"or 0 \(the context\)"), id="serve-negative-max_tokens"
+    ),
+    pytest.param(
+        Case(just(serve("--max_body_mb=nan")), "--max_body_mb=nan", "at least 0.001"), id="serve-max_body_mb-nan"
+    ),
+    pytest.param(
+        Case(
+            just(serve("--max_tokens=1000", out_dir="run")), "--max_tokens=1000", r"context \(32 tokens\).*at most 32"
+        ),
+        id="serve-max_tokens-over-the-context",
+    ),
+    pytest.param(
+        Case(serve_more_rows_than_memory, "--max_batch=10000000000", r"KV cache needs .* give --max_batch=\d+ or less"),
+        id="serve-max_batch-over-the-memory",
     ),
 ]
 

@@ -1,6 +1,7 @@
 """`gptforge serve` through the official `openai` client and raw HTTP, on loopback: the answers equal `gptforge chat
 -p`'s (greedy), streamed or not; concurrent requests share model steps and each gets its solo answer; malformed
-requests get OpenAI-shaped 4xx errors; a client that leaves frees its row; Ctrl-C drains."""
+requests, and parameters gptforge does not apply (response_format, tools, ...), get OpenAI-shaped 4xx errors; a client
+that leaves frees its row; Ctrl-C drains."""
 
 from __future__ import annotations
 
@@ -192,6 +193,75 @@ def test_malformed_requests_get_openai_shaped_4xx(chat_server, name, body, heade
     assert set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "param", "code"}
     assert answer["error"]["code"] == code and answer["error"]["message"]
     assert chat_server.health()["rows"] == 0
+
+
+TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+UNAPPLIED = [  # (route, parameters that change a correct answer and are not applied, the param named)
+    ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("chat", {"response_format": SCHEMA}, "response_format"),
+    ("chat", {"tools": [TOOL]}, "tools"),
+    ("chat", {"tool_choice": "required"}, "tool_choice"),
+    ("chat", {"functions": [TOOL["function"]]}, "functions"),
+    ("chat", {"function_call": "auto"}, "function_call"),
+    ("chat", {"logit_bias": {"50256": -100}}, "logit_bias"),
+    ("chat", {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("chat", {"web_search_options": {}}, "web_search_options"),
+    ("chat", {"min_p": 0.1}, "min_p"),
+    ("chat", {"guided_json": {"type": "object"}}, "guided_json"),
+    ("text", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("text", {"suffix": " the end."}, "suffix"),
+    ("text", {"best_of": 3}, "best_of"),
+    ("text", {"logit_bias": {"13": 5}}, "logit_bias"),
+    ("text", {"stop_token_ids": [13]}, "stop_token_ids"),
+]
+ROUTES = {
+    "chat": ("/v1/chat/completions", CHAT),
+    "text": ("/v1/completions", {"model": "tiny-chat", "prompt": "Hello", "max_tokens": 3}),
+}
+
+
+@pytest.mark.parametrize("route,extra,param", UNAPPLIED, ids=[f"{r}-{p}-{i}" for i, (r, _, p) in enumerate(UNAPPLIED)])
+def test_parameters_gptforge_does_not_apply_are_refused_naming_them(chat_server, route, extra, param):
+    path, body = ROUTES[route]
+    status, answer = raw(chat_server, "POST", path, json.dumps({**body, **extra}).encode())
+    assert status == 400, (status, answer)
+    error = answer["error"]
+    assert (error["param"], error["code"], error["type"]) == (param, "unsupported_parameter", "invalid_request_error")
+    assert error["message"].startswith(f"'{param}' is not supported: gptforge ")
+    if param == "response_format":
+        assert "does not constrain output to JSON" in error["message"]
+    assert chat_server.health()["status"] == "ok" and chat_server.health()["rows"] == 0
+
+
+def test_top_logprobs_without_logprobs_is_refused(chat_server):
+    status, answer = raw(chat_server, "POST", "/v1/chat/completions", json.dumps({**CHAT, "top_logprobs": 2}).encode())
+    assert status == 400 and answer["error"]["param"] == "top_logprobs", answer
+
+
+def test_what_asks_for_nothing_or_does_not_change_the_answer_is_accepted(chat_server):
+    """Plain text, no tools, an empty bias, best_of 1 (what clients such as LangChain send by default) and the
+    parameters that do not change an answer: the answer is the one asked for without them."""
+    c = client(chat_server)
+    harmless = {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "logit_bias": {}, "min_p": 0}
+    harmless |= {"modalities": ["text"], "web_search_options": None, "user": "u-1", "metadata": {"team": "x"}}
+    harmless |= {"store": False, "service_tier": "auto", "parallel_tool_calls": False, "reasoning_effort": "low"}
+    ask = dict(model="tiny-chat", messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=60)
+    r = c.chat.completions.create(**ask, extra_body=harmless)
+    assert r.choices[0].message.content == MEMORISED["hi"]
+    plain = dict(model="tiny-chat", prompt=[15496, 995, 0], max_tokens=4, temperature=0, logprobs=1, echo=True, seed=3)
+    nothing = {"best_of": 1, "suffix": None, "logit_bias": {}, "user": "u-1", "stop_token_ids": []}
+    with_nothing = c.completions.create(**plain, extra_body=nothing)
+    assert with_nothing.choices[0].text == c.completions.create(**plain).choices[0].text
+
+
+def test_the_official_client_gets_response_format_refused_as_a_bad_request(chat_server):
+    with pytest.raises(openai.BadRequestError, match="does not constrain output to JSON") as caught:
+        client(chat_server).chat.completions.create(
+            model="tiny-chat", messages=CHAT["messages"], response_format={"type": "json_object"}
+        )
+    assert caught.value.status_code == 400 and caught.value.body["param"] == "response_format"
+    assert [m.id for m in client(chat_server).models.list()] == ["tiny-chat"]  # the server goes on
 
 
 def test_the_official_client_raises_its_own_errors(chat_server):

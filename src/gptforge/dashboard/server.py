@@ -34,7 +34,7 @@ STATIC = {  # URL path -> (file name in static/, content type)
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
 }
 PLOTLY_URL = "/static/plotly.min.js"
-INSTALL_HINT = "pip install 'gptforge[dashboard]'"
+INSTALL_HINT = "pip install 'gptforge[dashboard]' (or 'gptforge[all]': every extra)"
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"

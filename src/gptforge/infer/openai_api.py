@@ -5,13 +5,15 @@ which serve answers with OpenAI's error JSON ({"error": {"message", "type", "par
 Supported: /v1/chat/completions (messages, temperature, top_p, max_tokens / max_completion_tokens, stop, n, seed,
 stream + stream_options.include_usage, logprobs + top_logprobs, frequency_penalty, presence_penalty) and
 /v1/completions (prompt as text, token ids or a list of either, echo, logprobs including the prompt's with echo, the
-same sampling options); gptforge's own extras top_k and repetition_penalty."""
+same sampling options); gptforge's own extras top_k and repetition_penalty, and vLLM's ignore_eos. A parameter that
+would change the answer but is not applied (UNAPPLIED: response_format, tools, logit_bias, ...) is refused."""
 
 from __future__ import annotations
 
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +61,48 @@ class Parsed:
         return self.n * len(self.prompts)
 
 
+def _nothing(value: Any) -> bool:
+    return not value  # false, 0, "", [], {}: what clients send to ask for nothing (LangChain: logit_bias {})
+
+
+_TOOLS = 'gptforge does not call tools (yet): send no tools or functions, and no tool_choice (or "none")'
+_SHAPED = "gptforge does not constrain output to JSON, a schema, a grammar or a list of choices"
+# What changes a correct answer but is not applied: answered anyway, a client would take plain text for an answer that
+# obeyed it, so it is refused, named. name -> (accepted(value), why; what to do). Null is accepted, as is user etc.
+UNAPPLIED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "response_format": (
+        lambda v: not v or isinstance(v, dict) and v.get("type") == "text",
+        'gptforge does not constrain output to JSON: ask for JSON in the prompt, or send {"type": "text"}',
+    ),
+    "tools": (_nothing, _TOOLS),
+    "tool_choice": (lambda v: not v or v == "none", _TOOLS),
+    "functions": (_nothing, _TOOLS),
+    "function_call": (lambda v: not v or v == "none", _TOOLS),
+    "logit_bias": (_nothing, "gptforge does not bias token probabilities; send no logit_bias (or {})"),
+    "suffix": (_nothing, "gptforge does not write text to fit before a suffix; send the prompt alone"),
+    "best_of": (lambda v: v == 1, "gptforge samples each choice once: best_of must be 1 (n asks for more choices)"),
+    "audio": (_nothing, "gptforge answers in text only"),
+    "modalities": (lambda v: not v or v == ["text"], 'gptforge answers in text only: modalities ["text"]'),
+    "web_search_options": (lambda v: False, "gptforge does not search the web"),
+    # vLLM's extras that gptforge lacks (its top_k, repetition_penalty and ignore_eos are applied)
+    "min_p": (_nothing, "gptforge has no min_p sampling; use top_p or top_k"),
+    "min_tokens": (_nothing, "gptforge does not hold back the end of an answer; use ignore_eos with max_tokens"),
+    "use_beam_search": (_nothing, "gptforge samples; it has no beam search"),
+    "stop_token_ids": (_nothing, "gptforge stops on strings: give them in 'stop'"),
+    "bad_words": (_nothing, "gptforge does not forbid words"),
+    "allowed_token_ids": (_nothing, "gptforge does not restrict the tokens it samples"),
+    "include_stop_str_in_output": (_nothing, "gptforge leaves the stop string out of the answer"),
+    **{key: (_nothing, _SHAPED) for key in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")},
+    "structured_outputs": (_nothing, _SHAPED),
+}
+
+
+def _refuse_unapplied(body: dict) -> None:
+    for key, (accepted, why) in UNAPPLIED.items():
+        if body.get(key) is not None and not accepted(body[key]):
+            raise ApiError(400, f"'{key}' is not supported: {why}", key, "unsupported_parameter")
+
+
 def _get(body: dict, key: str, kinds: tuple, default: Any) -> Any:
     value = body.get(key, default)
     if value is None:
@@ -99,6 +143,7 @@ def _common(body: dict, lm: LoadedModel, limits: Limits, chat: bool) -> dict[str
         raise ApiError(
             404, f"the model '{model}' does not exist; this server serves '{lm.name}'", "model", "model_not_found"
         )
+    _refuse_unapplied(body)
     cap = limits.max_tokens or lm.block_size
     keys = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     key = next((k for k in keys if body.get(k) is not None), keys[-1])
@@ -151,6 +196,8 @@ def parse_chat(body: Any, lm: LoadedModel, limits: Limits) -> Parsed:
     plain = [_message(m, i) for i, m in enumerate(messages)]
     top = _ranged(body, "top_logprobs", (int,), 0, 0, 20)
     logprobs = top if _get(body, "logprobs", (bool,), False) else None
+    if top and logprobs is None:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
     prompt = lm.chat_prompt(plain)
     _check_room(len(prompt), lm)
     return Parsed(True, [prompt], sampling(body, logprobs), **common)
@@ -200,7 +247,7 @@ def parse_completion(body: Any, lm: LoadedModel, limits: Limits) -> Parsed:
                 "prompt",
                 "invalid_value",
             )
-        _check_room(len(ids), lm)
+        _check_room(len(ids), lm, "prompt")
         prompts.append(ids)
     logprobs = _ranged(body, "logprobs", (int,), -1, -1, 20)
     logprobs = None if logprobs < 0 else logprobs
@@ -211,13 +258,13 @@ def parse_completion(body: Any, lm: LoadedModel, limits: Limits) -> Parsed:
     return parsed
 
 
-def _check_room(length: int, lm: LoadedModel) -> None:
+def _check_room(length: int, lm: LoadedModel, param: str = "messages") -> None:
     if length >= lm.block_size:
         raise ApiError(
             400,
             f"the prompt is {length} tokens; this model's context is {lm.block_size} tokens, so a "
             f"prompt may have at most {lm.block_size - 1}",
-            "messages",
+            param,
             "context_length_exceeded",
         )
 

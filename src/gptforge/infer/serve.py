@@ -28,6 +28,7 @@ from gptforge.infer.batcher import Batcher, Event, Mailbox, Request
 from gptforge.infer.chat_model import LoadedModel, decode_with_specials, encode_with_specials, load_for_inference
 from gptforge.infer.decode import enable_compile
 from gptforge.infer.openai_api import ApiError, Collector, Limits, Parsed, parse_chat, parse_completion
+from gptforge.infer.serve_options import bind, check_model_room, check_options, listen
 
 STATIC = Path(__file__).parent / "static"
 PAGES = {
@@ -48,7 +49,8 @@ def _imports():
         import uvicorn
     except ImportError as e:
         raise UserError(
-            f"gptforge serve needs FastAPI and uvicorn ({e.name} is missing): pip install 'gptforge[serve]'"
+            f"gptforge serve needs FastAPI and uvicorn ({e.name} is missing): pip install 'gptforge[serve]' (or "
+            "'gptforge[all]': every extra)"
         ) from None
     return fastapi, uvicorn
 
@@ -341,20 +343,26 @@ def serve(
     max_messages: int = 256,
     compile: str = "auto",
 ) -> None:
-    """Load the model, bind, serve until Ctrl-C (which drains: requests in flight finish, new ones are refused)."""
+    """Check the options, take the port, load the model, serve until Ctrl-C (which drains: requests in flight
+    finish, new ones are refused)."""
+    check_options(host, port, api_key, name, max_batch, max_tokens, max_body_mb, max_messages)
     _, uvicorn = _imports()
-    if max_batch < 1 or max_tokens < 0 or max_body_mb <= 0 or max_messages < 1:
-        raise UserError(
-            "--max_batch and --max_messages must be at least 1, --max_tokens not negative and --max_body_mb positive"
-        )
-    lm = load_for_inference(out_dir, ckpt, init_from, device, dtype, name)
-    enable_compile(lm, compile, slots=max_batch, batch_sizes=(1, 2) if max_batch > 1 else (1,))
-    loopback = host in LOOPBACK_HOSTS
-    if not loopback and not api_key:
-        log(f"warning: --host={host} lets other machines use this model, and no --api_key is set")
-    limits = Limits(max_body=int(max_body_mb * (1 << 20)), max_messages=max_messages, max_tokens=max_tokens)
-    app = build_app(lm, limits, api_key, max_batch, loopback, thread=False)
-    sock = bind(host, port)
+    sock = bind(host, port)  # before the model: a port in use costs a second, not a load and a compile
+    with contextlib.closing(sock):
+        lm = load_for_inference(out_dir, ckpt, init_from, device, dtype, name)
+        check_model_room(lm, max_batch, max_tokens)
+        enable_compile(lm, compile, slots=max_batch, batch_sizes=(1, 2) if max_batch > 1 else (1,))
+        loopback = host in LOOPBACK_HOSTS
+        if not loopback and not api_key:
+            log(f"warning: --host={host} lets other machines use this model, and no --api_key is set")
+        limits = Limits(max_body=int(max_body_mb * (1 << 20)), max_messages=max_messages, max_tokens=max_tokens)
+        app = build_app(lm, limits, api_key, max_batch, loopback, thread=False)
+        listen(sock, host, port)
+        run_server(uvicorn, app, sock, host, lm)
+
+
+def run_server(uvicorn, app, sock: socket.socket, host: str, lm: LoadedModel) -> None:
+    """uvicorn on `sock` in a thread of its own, the model's batcher in this one, until Ctrl-C has drained them."""
     url_host = f"[{host}]" if ":" in host else host
     log(f"{lm.describe()}")
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=60, access_log=False)
@@ -378,20 +386,3 @@ def stop(server) -> None:
     if server.should_exit:
         server.force_exit = True
     server.should_exit = True
-
-
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host.strip("[]"), port))
-    except OSError as e:
-        sock.close()
-        raise UserError(
-            f"--host={host} --port={port}: cannot listen there ({e.strerror or e}); pick another --port "
-            "(0 = any free one)"
-        ) from None
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock

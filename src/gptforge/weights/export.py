@@ -4,6 +4,7 @@ Hugging Face"."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -47,6 +48,11 @@ HF_FOLDER_FILES = frozenset(
 def export_run(out_dir: str, ckpt: str | None, to: str, force: bool) -> str:
     """`gptforge export`: the checkpoint's model and tokenizer as a Hugging Face folder; notes go to stderr, one
     summary line to stdout (what the folder is, and how its tokens are encoded). Returns the checkpoint path."""
+    if importlib.util.find_spec("safetensors") is None:  # said before the checkpoint loads, not as a traceback
+        raise UserError(
+            "gptforge export writes model.safetensors, which needs safetensors: pip install 'gptforge[hf]' (or "
+            "'gptforge[all]': every extra)"
+        )
     path = checkpoint_path(out_dir, ckpt)
     model, tok, checkpoint = load_checkpoint_model(path, "cpu")
     chat = (checkpoint.get("config") or {}).get("task") == "sft"
