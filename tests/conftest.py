@@ -105,6 +105,21 @@ class ListBatches:
         return {"left": len(self.batches)}
 
 
+def kept_rates(monkeypatch, folder: Path, **rates: float) -> None:
+    """This process's CPU product rates (FLOP/s by dtype) as if the probe had measured them: written where
+    core/cpu.py keeps them ($GPTFORGE_CACHE_DIR/product_rates.json, `folder`), under this machine's key."""
+    import json
+
+    from gptforge.core import cpu
+
+    monkeypatch.setenv("GPTFORGE_CACHE_DIR", str(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    entry = {"machines": {cpu.machine_key(): rates}}
+    (folder / cpu.RATES_FILE).write_text(json.dumps(entry), encoding="utf-8")
+    cpu._known.cache_clear()
+    monkeypatch.setattr(cpu, "product_seconds", lambda *a: pytest.fail("probed although the rates are kept"))
+
+
 def tiny_train_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
     """Command-line style options for a seconds-long CPU run on the `tiny` dataset."""
     opts = dict(

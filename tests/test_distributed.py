@@ -313,7 +313,7 @@ def test_onednn_products_under_ddp_and_fsdp_match_one_process(char_data, tmp_pat
     """onednn_f32 asked for (any x86 CPU), with micro-batches of 8 x 64 tokens so that the blocks' Linears of a
     64-wide model take oneDNN: DDP's and FSDP's ranks (FSDP's layers gathered from shards) give one process's
     losses."""
-    from gptforge.core.device import onednn_f32_available
+    from gptforge.core.cpu import onednn_f32_available
 
     if not onednn_f32_available():
         pytest.skip("oneDNN's matmul needs an x86-64 torch with oneDNN")

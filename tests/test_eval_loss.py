@@ -8,7 +8,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from conftest import run_cli, tiny_train_args
+from conftest import kept_rates, run_cli, tiny_train_args
 from gptforge.data.loader import RandomBatches
 from gptforge.data.prepare import prepare
 from gptforge.weights.load import load_checkpoint_model
@@ -83,13 +83,14 @@ def test_eval_loss_errors_name_the_flag(char_data, tmp_path):
 
 
 def test_eval_picks_the_dtype_by_trains_rule_for_the_model(char_data, tmp_path, monkeypatch, capsys):
-    """On a CPU with bfloat16 hardware, train keeps float32 below 256 wide: eval does the same for such a model."""
+    """On a CPU whose bfloat16 products are faster, train keeps float32 below 256 wide: eval does the same for such
+    a model."""
     from gptforge.core import device
     from gptforge.evaluate.loss import eval_loss
 
     out = tmp_path / "run"
     assert run_cli("train", *tiny_train_args(char_data, out, max_iters=2)).returncode == 0
-    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: True)
+    kept_rates(monkeypatch, tmp_path / "cache", float32=1.6e11, bfloat16=6e11)
     eval_loss(str(out), None, "resume", None, None, "val", 2, None, None, 1337, "cpu", "auto")
     assert "on cpu (float32)" in capsys.readouterr().err  # 32 wide: float32, as train_shakespeare_char_cpu runs
     assert device.resolve_dtype("auto", "cpu", 384) == "bfloat16"  # and a wide model would get bfloat16

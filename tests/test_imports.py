@@ -18,7 +18,7 @@ GROUPS = [
         "core.config_file",
         "core.config",
     ),  # settings, the model's shape: no torch
-    ("core.memory", "core.device", "core.distributed", "core.vml"),  # what it needs, where and how it runs
+    ("core.memory", "core.cpu", "core.device", "core.distributed", "core.vml"),  # what it needs, where and how it runs
     # the network and its optimizers
     (
         "model.mask_reference",
@@ -49,7 +49,7 @@ GROUPS = [
     ("weights.checkpoint", "weights.pretrained", "weights.load", "weights.export"),  # weights in and out of files
     ("infer.options", "infer.engine", "infer.decode", "infer.sample"),  # using a model
     ("infer.textstream", "infer.sampling", "infer.chat_model", "infer.session", "infer.chat_cli"),  # talking to it
-    ("infer.batcher", "infer.openai_api", "infer.serve"),  # serving it
+    ("infer.batcher", "infer.openai_api", "infer.serve_options", "infer.serve"),  # serving it
     ("evaluate.loss", "evaluate.chat", "evaluate.hellaswag", "evaluate.harness_model", "evaluate.harness"),
     ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),
     ("train.start", "train.setup", "train.loop"),

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import whole_and_resumed
+from conftest import kept_rates, whole_and_resumed
 from gptforge.core.config import TrainConfig
 from gptforge.core.errors import UserError
 from gptforge.model import muon
@@ -133,12 +133,12 @@ def test_a_bfloat16_muon_step_applies_the_bfloat16_iteration():
     torch.testing.assert_close(w.detach(), expected, rtol=0, atol=1e-6)
 
 
-def test_muon_dtype_auto_is_bfloat16_where_the_hardware_has_it():
-    from gptforge.core.device import cpu_has_fast_bf16
-
-    assert muon_dtype(TrainConfig(muon_dtype="auto", device="cpu")) == (
-        "bfloat16" if cpu_has_fast_bf16() else "float32"
-    )
+@pytest.mark.parametrize("bf16, chosen", [(3e11, "bfloat16"), (1.5e11, "float32"), (2e9, "float32")])
+def test_muon_dtype_auto_is_bfloat16_where_its_products_measure_faster(monkeypatch, tmp_path, bf16, chosen):
+    """On a CPU, by the measured rates (float32's 1.6e11 here), not by the CPU's flags: bf16 at half float32's rate
+    (a Xeon that lists avx512_bf16) keeps Newton-Schulz in float32."""
+    kept_rates(monkeypatch, tmp_path, float32=1.6e11, bfloat16=bf16)
+    assert muon_dtype(TrainConfig(muon_dtype="auto", device="cpu")) == chosen
     assert muon_dtype(TrainConfig(muon_dtype="auto", device="auto")) == muon_dtype(
         TrainConfig(muon_dtype="auto", device="cuda" if torch.cuda.is_available() else "cpu")
     )

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from conftest import run_cli, tiny_train_args
 from gptforge.core import device as device_module
 from gptforge.core.config import load_config
-from gptforge.core.device import onednn_f32_available, onednn_f32_pays, resolve_onednn_f32
+from gptforge.core.cpu import onednn_f32_available
+from gptforge.core.device import onednn_f32_pays, resolve_onednn_f32
 from gptforge.model import linear as linear_module
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.linear import MIN_MACS, Linear, OneDnnLinear

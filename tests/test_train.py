@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from conftest import ListBatches, tiny_train_args
+from conftest import ListBatches, kept_rates, tiny_train_args
 from gptforge.core.config import load_config
 from gptforge.core.device import autocast_context
 from gptforge.core.errors import UserError
@@ -216,7 +216,7 @@ def test_user_errors_before_any_training(char_data, tmp_path):
 
 
 def test_measuring_peak_flops_leaves_the_global_rng_alone():
-    from gptforge.core.device import measure_matmul_flops
+    from gptforge.core.cpu import measure_matmul_flops
 
     torch.manual_seed(5)
     expected = torch.rand(4)
@@ -296,23 +296,25 @@ def test_cuda_training_with_autocast_compile_and_pinned_batches(char_data, tmp_p
 
 
 @pytest.mark.parametrize(
-    "fast_bf16, n_embd, min_width, expected",
+    "bf16, n_embd, min_width, expected",
     [
-        (True, 384, 256, "bfloat16"),
-        (True, 128, 256, "float32"),
-        (True, 128, 128, "bfloat16"),
-        (True, 64, 128, "float32"),
-        (False, 384, 256, "float32"),
-        (False, 4096, 256, "float32"),
-        (False, 128, 128, "float32"),
+        (6e11, 384, 256, "bfloat16"),
+        (6e11, 128, 256, "float32"),
+        (6e11, 128, 128, "bfloat16"),
+        (6e11, 64, 128, "float32"),
+        (2.1e11, 384, 256, "bfloat16"),  # 1.31x float32's: pays
+        (1.9e11, 384, 256, "float32"),  # 1.19x: the conversions would eat it
+        (0.8e11, 4096, 256, "float32"),  # half float32's rate, whatever the flags say
+        (3e9, 384, 256, "float32"),  # emulated
+        (3e9, 128, 128, "float32"),
     ],
 )
-def test_auto_dtype_on_cpu_follows_the_hardware(monkeypatch, fast_bf16, n_embd, min_width, expected):
-    """bfloat16 only where the CPU multiplies it in hardware and the model is at least cpu_bf16_min_width wide
-    (256 unless a config says otherwise)."""
+def test_auto_dtype_on_cpu_follows_the_measured_rates(monkeypatch, tmp_path, bf16, n_embd, min_width, expected):
+    """bfloat16 only where its products measured at least 1.25x float32's (1.6e11 here) and the model is at least
+    cpu_bf16_min_width wide (256 unless a config says otherwise)."""
     from gptforge.core import device
 
-    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: fast_bf16)
+    kept_rates(monkeypatch, tmp_path, float32=1.6e11, bfloat16=bf16)
     assert device.resolve_dtype("auto", "cpu", n_embd, min_width) == expected
     if min_width == 256:
         assert device.resolve_dtype("auto", "cpu", n_embd) == expected
@@ -341,7 +343,7 @@ def test_a_run_in_emulated_bf16_says_so_and_names_the_flag(char_data, tmp_path):
     rates and names --dtype=float32, and still trains; sampling and evaluating the run say it too. With the CPU's
     own oneDNN and bf16 hardware, no such line."""
     from conftest import run_cli
-    from gptforge.core.device import cpu_has_fast_bf16
+    from gptforge.core.cpu import half_pays
 
     args = tiny_train_args(char_data, tmp_path / "held", dtype="bfloat16", max_iters=2, eval_interval=2)
     held = run_cli("train", *args, env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
@@ -363,7 +365,7 @@ def test_a_run_in_emulated_bf16_says_so_and_names_the_flag(char_data, tmp_path):
         assert used.returncode == 0, used.stderr
         assert used.stderr.count("warning: bfloat16 matrix products run at") == 1, used.stderr
         assert "--dtype=float32 runs faster" in used.stderr, used.stderr
-    if cpu_has_fast_bf16():
+    if half_pays():
         own = run_cli("train", *tiny_train_args(char_data, tmp_path / "own", dtype="bfloat16", max_iters=2))
         assert own.returncode == 0, own.stderr
         assert "matrix products run at" not in own.stdout, own.stdout

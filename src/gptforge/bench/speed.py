@@ -18,15 +18,14 @@ from gptforge.bench.profile import print_profile, profile_step
 from gptforge.core.allocator import keep_freed_memory
 from gptforge.core.config import TrainConfig
 from gptforge.core.console import log
+from gptforge.core.cpu import cpu_kind, cpu_product_rates, describe_cpu, measure_matmul_flops
 from gptforge.core.device import (
     autocast_context,
     available_memory,
+    ceiling_dtypes,
     configure_backends,
-    cpu_has_fast_bf16,
-    cpu_kind,
-    describe_cpu,
     device_type,
-    measure_matmul_flops,
+    dtype_reason,
     peak_flops,
     resolve_compile,
     resolve_device,
@@ -90,6 +89,7 @@ class Mode:
         dev = device_type(device)
         self.name, self.device = name, device
         self.dtype = resolve_dtype(cfg.dtype, dev, cfg.n_embd, cfg.cpu_bf16_min_width) if fast else "float32"
+        self.why = dtype_reason(cfg.dtype, self.dtype, dev, cfg.n_embd, cfg.cpu_bf16_min_width) if fast else ""
         self.compile = resolve_compile(cfg.compile, dev) if fast else False
         self.fast_dropout = fast and resolve_fast_dropout(cfg.fast_dropout, dev)
         self.onednn_f32 = fast and resolve_onednn_f32(cfg.onednn_f32, dev)
@@ -157,12 +157,12 @@ def bench_training(
         f"model {default.raw.get_num_params() / 1e6:.2f}M params, {tokens_per_iter:,} tokens/iter on {device}; "
         "modes: "
         + ", ".join(
-            f"{m.name} ({m.dtype}, compile={m.compile}, fast_dropout={m.fast_dropout}"
+            f"{m.name} ({m.dtype}{f' ({m.why})' if m.why else ''}, compile={m.compile}, fast_dropout={m.fast_dropout}"
             f"{', onednn_f32=True' if m.onednn_f32 and m.dtype == 'float32' else ''})"
             for m in modes
         )
     )
-    samples: dict[str, list[float]] = {"float32": [], "bfloat16": []}
+    samples: dict[str, list[float]] = {dt: [] for dt in ceiling_dtypes(dev_type)}
 
     def sample_ceilings() -> None:
         for dt, rates in samples.items():
@@ -178,8 +178,9 @@ def bench_training(
     for m in modes:
         dt = statistics.median(m.times)
         flops = m.raw.flops_per_token() * tokens_per_iter
-        # train's MFU: the ceiling of the dtype this mode runs in (on a CPU, the one measured just above)
-        peak = peak_flops(device, m.dtype, cfg.peak_flops, measured=peaks)
+        # train's MFU: against the machine's fastest ceiling, whatever format the mode runs in (on a CPU, the best
+        # one measured just above), so a slower choice reads lower
+        peak = peak_flops(device, cfg.peak_flops, measured=peaks)
         out[m.name] = {
             "ms_per_iter": dt * 1000,
             "tokens_per_s": tokens_per_iter / dt,
@@ -204,7 +205,7 @@ def bench_training(
         "peak_flops": out["default"]["peak_flops"],
         "matmul_ceiling_flops": peaks,
         "matmul_ceiling_samples": samples,
-        "cpu_fast_bf16": dev_type == "cpu" and cpu_has_fast_bf16(),
+        "cpu_product_rates": cpu_product_rates("bfloat16") if dev_type == "cpu" else {},
         "threads": torch.get_num_threads(),
         "cpu": describe_cpu(kind) if kind else "",
         "cpu_kind": kind,
@@ -348,10 +349,9 @@ def print_result(result: dict[str, Any], cfg: TrainConfig) -> None:
         f"  device: {dev['name']} ({dev['cpu'] or dev['gpu']}), {dev['threads']} threads\n"
         f"  matmul ceilings: "
         + ", ".join(f"{k} {v / 1e9:,.0f}" for k, v in dev["matmul_ceiling_flops"].items())
-        + f" GFLOP/s (the best of {len(dev['matmul_ceiling_samples']['bfloat16'])} measured between the rounds: "
+        + f" GFLOP/s (the best of {len(dev['matmul_ceiling_samples']['float32'])} measured between the rounds: "
         + ", ".join(f"{k} {min(v) / 1e9:,.0f}-{max(v) / 1e9:,.0f}" for k, v in dev["matmul_ceiling_samples"].items())
-        + f"); MFU against {dev['peak_flops'] / 1e9:,.0f} GFLOP/s, the ceiling of the default's "
-        f"{result['default']['dtype']}"
+        + f"); MFU against {dev['peak_flops'] / 1e9:,.0f} GFLOP/s, the fastest of them"
     )
     if "profile" in result:
         print_profile(result["profile"])

@@ -2,7 +2,7 @@
 (messages and progress on stderr), `files` (run-folder names, atomic writes and their stale temporaries, downloads),
 `allocator` (glibc malloc settings), `settings` (how a setting is declared and checked), `shape` (the model's shape
 keys, written once), `aliases` and `config` (TrainConfig and its loading), `memory` (what training needs, estimated
-before anything is allocated), `device` (device / dtype / compile resolution), `distributed` (torchrun process
-groups, the stop flag) and `vml` (oneMKL's vector math kernels picked once, on one thread). Imports only the
-standard library, torch and numpy; everything before `device` is torch-free, so the dashboard may use `errors`,
-`files` and `config`."""
+before anything is allocated), `cpu` (the CPU's kind and its measured product rates), `device` (device / dtype /
+compile resolution), `distributed` (torchrun process groups, the stop flag) and `vml` (oneMKL's vector math kernels
+picked once, on one thread). Imports only the standard library, torch and numpy; everything before `cpu` is
+torch-free, so the dashboard may use `errors`, `files` and `config`."""

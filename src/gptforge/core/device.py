@@ -1,21 +1,27 @@
-"""Where and in what precision the model runs: device, dtype and compile resolution ('auto'), autocast, backend
-switches, and the peak FLOP/s that MFU is measured against. Measured figures: docs/PERFORMANCE.md."""
+"""Where and in what precision the model runs: device, dtype and compile resolution ('auto'; on a CPU the number
+format by what core/cpu.py measures), autocast, backend switches, and the peak FLOP/s that MFU is measured against:
+the fastest product the machine has. Measured figures: docs/PERFORMANCE.md."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
-import platform
-import time
 
 import torch
 
 from gptforge.core.config import CHOICES
 from gptforge.core.console import log
+from gptforge.core.cpu import (
+    DTYPES,
+    cpu_kind,
+    emulated_half_products,
+    half_pays,
+    measure_matmul_flops,
+    onednn_f32_available,
+    rates_said,
+)
 from gptforge.core.errors import UserError
-
-DTYPES = {name: getattr(torch, name) for name in CHOICES["dtype"] if name != "auto"}
 
 # Dense (no sparsity) tensor-core peaks in FLOP/s from the vendors' data sheets, by device-name fragment.
 # float32 is the TF32 tensor-core figure on Ampere and later, since configure_backends turns TF32 on.
@@ -31,10 +37,10 @@ GPU_PEAK_FLOPS = {
     "T4": {"float16": 65e12, "float32": 8.1e12},
 }
 
-# dtype='auto' on a CPU with bf16 hardware: bfloat16 from this width up (train's cpu_bf16_min_width). Below it
-# bf16 did not pay while attention went through SDPA's bf16 backward; with gptforge's own attention in training
-# it does at 128 wide too (docs/PERFORMANCE.md), but 256 keeps nanoGPT's README-size command in float32, nanoGPT's
-# own arithmetic on a CPU, so that it prints nanoGPT's losses.
+# dtype='auto' on a CPU whose bf16 products measure faster (cpu.half_pays): bfloat16 from this width up (train's
+# cpu_bf16_min_width). Below it bf16 did not pay while attention went through SDPA's bf16 backward; with gptforge's
+# own attention in training it does at 128 wide too (docs/PERFORMANCE.md), but 256 keeps nanoGPT's README-size
+# command in float32, nanoGPT's own arithmetic on a CPU, so that it prints nanoGPT's losses.
 CPU_BF16_MIN_WIDTH = 256
 
 
@@ -59,47 +65,6 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True when the CPU multiplies bfloat16 matrices in hardware (AMX tiles or AVX512-BF16); without them
-    oneDNN emulates bfloat16, several times slower than float32."""
-    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
-
-
-@functools.cache
-def cpu_has_amx() -> bool:
-    """True when the CPU has AMX tiles (Intel Xeon from Sapphire Rapids on), whose bf16 products SDPA's fused CPU
-    kernel uses: there it is the faster attention in a forward without gradients (model/attention.py)."""
-    return bool(torch.cpu._is_amx_tile_supported())
-
-
-def cpu_bf16_autocast(x: torch.Tensor) -> bool:
-    """x is on the CPU and CPU autocast is on in bf16: where keep_mask.c's bf16 layers (LayerNormToBf16,
-    NarrowGradLinear) take over from torch's float32 operation and autocast's conversion."""
-    on = x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-    return on and torch.get_autocast_dtype("cpu") == torch.bfloat16
-
-
-def onednn_nt(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b.T (+ bias) by oneDNN's matmul, whatever torch's BLAS is: a (M, K), b (N, K), either may be a transposed
-    view. float32 on an x86-64 CPU where onednn_f32_available()."""
-    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
-
-
-@functools.cache
-def onednn_f32_available() -> bool:
-    """oneDNN's float32 matmul can be called (an x86-64 torch built with it) and agrees with a float64 product."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        gen = torch.Generator().manual_seed(0)
-        a, b = torch.randn(67, 129, generator=gen), torch.randn(33, 129, generator=gen)
-        got = onednn_nt(a, b)
-    except (RuntimeError, AttributeError):
-        return False
-    want = (a.double() @ b.double().t()).float()
-    return got.shape == want.shape and bool(torch.allclose(got, want, rtol=1e-5, atol=1e-4))
-
-
 def onednn_f32_pays(kind: dict[str, str | int | bool] | None = None) -> bool:
     """Where oneDNN's float32 matmul measured faster than torch's (MKL's): AMD processors of family 26 (Zen 5) and
     later with AVX-512, where MKL runs its AVX2 code on full-width 512-bit units (Zen 5: ~450 against ~215 GFLOP/s
@@ -115,54 +80,15 @@ def onednn_f32_pays(kind: dict[str, str | int | bool] | None = None) -> bool:
     return kind["vendor"] == "AuthenticAMD" and kind["capability"] == "AVX512" and full_width
 
 
-def cpu_kind() -> dict[str, str | int | bool]:
-    """The facts that decide CPU speed: model name, vendor family / model, torch's vector level (AVX2, AVX512...),
-    the bf16 hardware flags, and the physical cores this process may run on."""
-    info: dict[str, str] = {}
-    cores: set[tuple[str, str]] = set()
-    allowed = {str(c) for c in os.sched_getaffinity(0)} if hasattr(os, "sched_getaffinity") else None
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for block in fh.read().split("\n\n"):
-                fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
-                fields = {k.strip(): v.strip() for k, v in fields.items()}
-                if not fields.get("processor") or (allowed is not None and fields["processor"] not in allowed):
-                    continue
-                info = info or fields
-                cores.add((fields.get("physical id", "0"), fields.get("core id", fields["processor"])))
-    except OSError:
-        pass
-    flags = set(info.get("flags", "").split())
-    return {
-        "vendor": info.get("vendor_id", ""),
-        "model": info.get("model name", ""),
-        "family": info.get("cpu family", ""),
-        "model_number": info.get("model", ""),
-        "capability": torch.backends.cpu.get_cpu_capability(),
-        "amx_bf16": "amx_bf16" in flags,
-        "avx512_bf16": "avx512_bf16" in flags,
-        "physical_cores": len(cores) or (os.cpu_count() or 1),
-    }
-
-
-def describe_cpu(kind: dict[str, str | int | bool]) -> str:
-    """One line: 'AMD EPYC (family 25 model 17), 2 cores, AVX2, bf16 hardware: none'."""
-    bf16 = [name for name in ("amx_bf16", "avx512_bf16") if kind[name]]
-    return (
-        f"{kind['model'] or 'unknown CPU'} (family {kind['family']} model {kind['model_number']}), "
-        f"{kind['physical_cores']} cores, {kind['capability']}, bf16 hardware: {', '.join(bf16) or 'none'}"
-    )
-
-
 def resolve_dtype(name: str, device_type: str, n_embd: int, min_width: int = CPU_BF16_MIN_WIDTH) -> str:
-    """'auto' -> bfloat16 on CUDA when supported, else float16 (with a GradScaler); on CPU bfloat16 when the
-    hardware has it (AMX / AVX512-BF16) and the model is at least min_width wide (train's cpu_bf16_min_width),
-    else float32; float32 on MPS."""
+    """'auto' -> bfloat16 on CUDA when supported, else float16 (with a GradScaler); on CPU bfloat16 when its products
+    measure faster than float32's here (cpu.half_pays: measured, not read from the CPU's flags) and the model is at
+    least min_width wide (train's cpu_bf16_min_width), else float32; float32 on MPS."""
     if name == "auto":
         if device_type == "cuda":
             return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
         wide = n_embd >= min_width
-        if device_type == "cpu" and wide and cpu_has_fast_bf16():
+        if device_type == "cpu" and wide and half_pays("bfloat16"):
             return "bfloat16"
         return "float32"
     if name not in DTYPES:
@@ -172,20 +98,32 @@ def resolve_dtype(name: str, device_type: str, n_embd: int, min_width: int = CPU
     return name
 
 
+def dtype_reason(name: str, dtype: str, device_type: str, n_embd: int, min_width: int = CPU_BF16_MIN_WIDTH) -> str:
+    """Why dtype='auto' (`name`) became `dtype` on a CPU, for the line that names it: the probe's two rates where
+    they decided, the width where it did; '' for a dtype given, or off the CPU."""
+    if name != "auto" or device_type != "cpu":
+        return ""
+    if n_embd < min_width:
+        return f"auto: float32 below cpu_bf16_min_width={min_width} wide"
+    return f"auto: {rates_said('bfloat16')} on this CPU"
+
+
 def inference_dtype(name: str, device_type: str, n_embd: int) -> str:
-    """resolve_dtype for sample, chat, serve and eval (train's rule at its default width), and on a CPU
-    emulated_half_products' warning on stderr, once a process and dtype."""
+    """resolve_dtype for sample, chat, serve and eval (train's rule at its default width), and on a CPU, once a
+    process and dtype on stderr, the rates an automatic choice was made by, or emulated_half_products' warning."""
     dtype = resolve_dtype(name, device_type, n_embd)
     if device_type == "cpu":
-        _say_emulated(dtype)
+        _say_dtype(name, dtype, n_embd >= CPU_BF16_MIN_WIDTH)
     return dtype
 
 
 @functools.cache
-def _say_emulated(dtype: str) -> None:
+def _say_dtype(name: str, dtype: str, wide: bool) -> None:
     warning = emulated_half_products(dtype, "runs")
     if warning:
         log(warning)
+    elif name == "auto" and wide:
+        log(f"dtype {dtype} ({dtype_reason(name, dtype, 'cpu', CPU_BF16_MIN_WIDTH)})")
 
 
 def resolve_compile(value: bool | str, device_type: str) -> bool:
@@ -234,95 +172,32 @@ def configure_backends(device_type: str) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-PROBE_N = 256  # a CPU's first product, this wide, says how wide the measured one can be
-MEASURE_SECONDS = 0.5  # a CPU's measured product is made narrower until one is expected to take at most this
-
-
-def measure_matmul_flops(device: str, dtype: str, n: int | None = None, reps: int = 3) -> float:
-    """Best FLOP/s of an n x n matrix product on this device and dtype: the machine's practical ceiling.
-
-    On a CPU in float32 the faster of torch's product and oneDNN's (`onednn_f32`; 2.1x torch's on a Zen 5 EPYC).
-    n defaults to 2048, and to 8192 on CUDA: a 2048-wide product is too small to fill a large GPU (it read 277-401
-    TFLOP/s of bf16 on an H200 and an H100, against their 989 of the data sheet). On a CPU a PROBE_N-wide product
-    comes first, and the default n is halved while the probe's rate says one product would take longer than
-    MEASURE_SECONDS: where bf16 is emulated (no bf16 hardware, or oneDNN held to AVX2 by ONEDNN_MAX_CPU_ISA) one
-    2048-wide bf16 product takes from seconds to a minute. The operands come from a private generator: measuring
-    must not shift the training run's random stream.
-    """
-    if n is None:
-        n = 8192 if device_type(device) == "cuda" else 2048
-        if device_type(device) == "cpu":
-            n = affordable_width(n, PROBE_N, _product_seconds(device, dtype, PROBE_N, reps=1))
-    return 2 * n**3 / _product_seconds(device, dtype, n, reps)
-
-
-def affordable_width(n: int, probe_n: int, probe_seconds: float, budget: float = MEASURE_SECONDS) -> int:
-    """n, halved while it is wider than probe_n and a product of that width, at the probe's rate (time growing as
-    width^3), would take longer than `budget` seconds."""
-    while n > probe_n and probe_seconds * (n / probe_n) ** 3 > budget:
-        n //= 2
-    return n
-
-
-def emulated_half_products(dtype: str, work: str = "trains") -> str:
-    """'' unless `dtype` (bfloat16 / float16) multiplies matrices on this CPU at under half float32's rate, as where
-    it is emulated: no bf16 hardware, oneDNN held below it (ONEDNN_MAX_CPU_ISA), or a torch built without its
-    kernels (4-80x slower than float32 on the CPUs measured). Then a warning naming both rates and --dtype=float32,
-    which `work`s ('trains', 'runs') faster. PROBE_N-wide products of each, in turn, three rounds, the best rate
-    of each (a process's first products are slow, and a busy machine slows some: neither makes one dtype look slow
-    against the other); ~9 ms in a fresh process where the hardware has it (a Zen 5)."""
-    if dtype == "float32":
-        return ""
-    rates = dict.fromkeys((dtype, "float32"), 0.0)
-    for _ in range(3):
-        for name in rates:
-            rates[name] = max(rates[name], 2 * PROBE_N**3 / _product_seconds("cpu", name, PROBE_N, reps=1))
-    half, single = rates[dtype], rates["float32"]
-    if half >= 0.5 * single:
-        return ""
-    return (
-        f"warning: {dtype} matrix products run at {half / 1e9:,.1f} GFLOP/s on this CPU against float32's "
-        f"{single / 1e9:,.1f}: emulated here (no {dtype} hardware, or ONEDNN_MAX_CPU_ISA holds oneDNN below it); "
-        f"--dtype=float32 {work} faster"
-    )
-
-
-def _product_seconds(device: str, dtype: str, n: int, reps: int) -> float:
-    """The fastest of `reps` n x n products (after one that warms kernels and caches up); on a CPU in float32 over
-    torch's product and oneDNN's both."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, generator=gen).to(DTYPES[dtype])
-    b = torch.randn(n, n, device=device, generator=gen).to(DTYPES[dtype])
-    cuda = device.startswith("cuda")
-    products = [torch.matmul]
-    if device_type(device) == "cpu" and dtype == "float32" and onednn_f32_available():
-        products.append(onednn_nt)  # what onednn_f32 trains with
-    best = float("inf")
-    for product in products:  # a CPU's float32: the faster of torch's BLAS and oneDNN, which training may use
-        for _ in range(reps + 1):  # the first product warms up kernels and caches
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            product(a, b)
-            if cuda:
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def peak_flops(device: str, dtype: str, configured: float = 0.0, measured: dict[str, float] | None = None) -> float:
-    """The peak MFU is measured against: configured, else a GPU data-sheet figure, else a measured matmul ceiling
-    (taken from `measured`, by dtype, when the caller has measured it already)."""
+def peak_flops(device: str, configured: float = 0.0, measured: dict[str, float] | None = None) -> float:
+    """The peak MFU is measured against, whatever format the run multiplies in: the machine's fastest product, so
+    that MFU says how far a run is from what the machine can do (a float32 run where bf16 is faster reads low).
+    configured, else the GPU data sheet's fastest figure, else the best of the measured ceilings (`measured`, by
+    dtype, when the caller has measured them already; else float32's and, on a CPU whose probe does not find
+    bfloat16 emulated or slow, bfloat16's)."""
     if configured > 0:
         return configured
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name(device)
         for key, table in GPU_PEAK_FLOPS.items():
-            if key in name and dtype in table:
-                return table[dtype]
-    if measured and dtype in measured:
-        return measured[dtype]
-    return measure_matmul_flops(device, dtype)
+            if key in name:
+                return max(table.values())
+    if measured:
+        return max(measured.values())
+    return max(measure_matmul_flops(device, dtype) for dtype in ceiling_dtypes(device_type(device)))
+
+
+def ceiling_dtypes(device_type: str) -> tuple[str, ...]:
+    """The formats whose ceilings can be the machine's fastest: on a CPU, bfloat16 too unless the probe finds it
+    emulated or slow (then its 2048-wide product only costs time); on CUDA float32 and bfloat16 (or float16)."""
+    if device_type == "cuda":
+        return ("float32", "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
+    if device_type == "cpu" and not emulated_half_products("bfloat16"):
+        return ("float32", "bfloat16")
+    return ("float32",)
 
 
 def available_memory(device: str, processes: int = 1) -> tuple[float | None, str]:

@@ -24,6 +24,11 @@ TENSORBOARD = "tensorboard"  # a folder of event files
 STEP_FILE = re.compile(r"model_(\d{5,})\.pt")  # step_checkpoint_name's files; the group is the step
 
 
+def cache_dir() -> str:
+    """Where gptforge keeps what it downloads or measures once: $GPTFORGE_CACHE_DIR, else ~/.cache/gptforge."""
+    return os.environ.get("GPTFORGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gptforge")
+
+
 def step_checkpoint_name(step: int) -> str:
     """build-nanogpt's name for the checkpoint after `step` steps: model_05000.pt."""
     return f"model_{step:05d}.pt"

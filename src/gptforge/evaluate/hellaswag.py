@@ -20,7 +20,7 @@ from gptforge.core.config import TrainConfig
 from gptforge.core.device import autocast_context, inference_dtype
 from gptforge.core.distributed import DistEnv, setup_distributed, teardown
 from gptforge.core.errors import UserError
-from gptforge.core.files import download
+from gptforge.core.files import cache_dir, download
 from gptforge.model.layers import evaluating
 from gptforge.tokenizer.spec import Tokenizer, from_spec, tokenizer_spec
 from gptforge.weights.load import load_model
@@ -32,8 +32,7 @@ NUM_ENDINGS = 4
 
 def default_cache_dir() -> str:
     """Where the downloaded validation set lives: $GPTFORGE_CACHE_DIR/hellaswag, else ~/.cache/gptforge/hellaswag."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "gptforge")
-    return os.path.join(root, "hellaswag")
+    return os.path.join(cache_dir(), "hellaswag")
 
 
 def hellaswag_file(path: str | None = None, url: str = HELLASWAG_URL, cache_dir: str | None = None) -> str:
@@ -163,7 +162,7 @@ def score_rendered(
     # Position t predicts token t+1, so the mask moves one step left with the targets.
     targets, scored = tokens[:, 1:], mask[:, 1:].bool()  # (R, L-1)
     # Only the M positions that predict an ending token need logits: the vocabulary projection, as costly as
-    # many blocks (docs/PERFORMANCE.md), runs on those M rows, not on all R * L.
+    # many blocks (docs/lab/2026-11-21-skylake.md), runs on those M rows, not on all R * L.
     # The unwrapped GPT, so a compiled model runs eagerly: each batch has another length, which would recompile.
     gpt = _raw_model(model)
     with ctx or contextlib.nullcontext():

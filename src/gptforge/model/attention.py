@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from gptforge.core.device import cpu_has_amx
+from gptforge.core.cpu import cpu_has_amx
 from gptforge.model.mask_reference import keep_threshold
 from gptforge.model.masks import apply_mask, keep_mask, mask_seed
 from gptforge.model.native import native_kernels
@@ -74,7 +74,7 @@ def attention(
     Over T keys each (T >= MIN_BLOCKED_T, T divisible), the queries go in QUERY_BLOCKS blocks, each scored
     against the keys up to its own end only, where one block computes every score and masks the future half
     away: 3/4 of the scores' products, softmax and draws with 2 blocks (4 blocks do 5/8 of the work but took
-    longer on a 2-core CPU: smaller products, more slices; docs/PERFORMANCE.md). With a mask, only when it
+    longer on a 2-core CPU: smaller products, more slices; docs/lab/2026-11-25-epyc-bf16.md). With a mask, only when it
     lets no query of a block see a key after the block (packed documents' masks are causal: they never do).
     Causal blocks outside torch.compile are one autograd step (CausalBlocks)."""
     T, S = q.size(-2), k.size(-2)
@@ -263,7 +263,7 @@ def _undrop(p: float) -> float:
 def _softmax_kernels(q: torch.Tensor, p: float):  # noqa: ANN202 - keep_mask.c's (forward, backward) or None
     """keep_mask.c's causal softmax with dropout for q's dtype (float32, bf16) on a CPU, where it compiled. Without
     dropout torch's softmax, already one pass forward and one backward, stays: the kernel's exponential and threads
-    gained nothing there (docs/PERFORMANCE.md)."""
+    gained nothing there (docs/lab/2026-11-27-amx.md)."""
     native = native_kernels() if q.device.type == "cpu" and p > 0.0 else None
     return None if native is None else native.softmax.get(q.dtype)
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptforge.core.device import cpu_bf16_autocast
+from gptforge.core.cpu import cpu_bf16_autocast
 from gptforge.model import masks
 from gptforge.model.mask_reference import keep_threshold, layer_norm_chunks
 from gptforge.model.masks import apply_mask, keep_mask
@@ -218,7 +218,7 @@ def rms_norm(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     On CPUs F.rms_norm is a chain of float32 operations with as many again backward, and a bf16 x goes to float32
     and back around it; RootMeanSquare reads each row once forward and once backward with the compiled kernel
     (native.native_kernels: contiguous float32 / bf16 CPU tensors), else passes over x twice forward and three times
-    backward in torch operations (docs/PERFORMANCE.md). Under torch.compile the plain expression, which inductor
+    backward in torch operations (docs/lab/2026-11-26-amx.md). Under torch.compile the plain expression, which inductor
     fuses itself."""
     if torch.compiler.is_compiling():
         return F.rms_norm(x, (x.size(-1),), eps=RMS_EPS).to(dtype or x.dtype)

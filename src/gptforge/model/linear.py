@@ -3,10 +3,10 @@ weight gradient on an AMX CPU can come from a transposed copy. Torch only (and k
 
 torch multiplies float32 matrices on a CPU with MKL, and MKL takes its AVX2 code on AMD processors even where they
 have AVX-512: on a Zen 5 EPYC ~215 GFLOP/s on 2 cores, against ~450 for oneDNN's AVX-512 kernels, which torch ships
-too and which pick their code by the CPU's features alone (docs/PERFORMANCE.md). `Linear` is nn.Linear (the same
+too and which pick their code by the CPU's features alone (docs/lab/2026-11-26-zen5.md). `Linear` is nn.Linear (the same
 parameters, names, initialisation and state_dict) whose forward, when `onednn` is set on it and the product is
 float32 on a CPU outside autocast and torch.compile, computes the product and both gradients with oneDNN's
-matmul (`core.device.onednn_nt`). They are the same sums in another order: the results agree with
+matmul (`core.cpu.onednn_nt`). They are the same sums in another order: the results agree with
 torch's to float32 rounding, not bit for bit. A model is built with it off (torch's arithmetic, which Hugging
 Face's GPT-2 and nanoGPT compute); training turns it on where it pays (the `onednn_f32` setting,
 core/device.resolve_onednn_f32).
@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptforge.core.device import cpu_bf16_autocast, cpu_has_amx, onednn_nt
+from gptforge.core.cpu import cpu_bf16_autocast, cpu_has_amx, onednn_nt
 from gptforge.model.native import native_kernels
 
 MIN_MACS = 1 << 20  # products smaller than this (a decode step's rows) keep torch's: oneDNN's call costs more

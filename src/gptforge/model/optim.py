@@ -100,14 +100,16 @@ def muon_settings(cfg: Any) -> dict[str, Any] | None:
 
 
 def muon_dtype(cfg: Any) -> str:
-    """The Newton-Schulz dtype muon_dtype='auto' stands for: bfloat16 on CUDA and on CPUs with bf16 hardware
-    (AMX or AVX512-BF16), float32 where bf16 is emulated (hundreds of times slower there)."""
+    """The Newton-Schulz dtype muon_dtype='auto' stands for: bfloat16 on CUDA and on CPUs whose bf16 products
+    measure faster than float32's (core.cpu.half_pays), float32 elsewhere (where bf16 is emulated it is hundreds of
+    times slower; some CPUs with bf16 flags multiply it at half float32's rate)."""
     if cfg.muon_dtype != "auto":
         return cfg.muon_dtype
-    from gptforge.core.device import cpu_has_fast_bf16, device_type, resolve_device
+    from gptforge.core.cpu import half_pays
+    from gptforge.core.device import device_type, resolve_device
 
     kind = device_type(resolve_device("auto") if cfg.device == "auto" else cfg.device)  # auto: what it stands for
-    return "bfloat16" if kind == "cuda" or (kind == "cpu" and cpu_has_fast_bf16()) else "float32"
+    return "bfloat16" if kind == "cuda" or (kind == "cpu" and half_pays("bfloat16")) else "float32"
 
 
 NORMUON_BETA2 = 0.95  # the NorMuon paper's running-mean factor for each neuron's squared update

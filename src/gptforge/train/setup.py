@@ -15,8 +15,9 @@ import torch
 
 from gptforge.core.allocator import keep_freed_memory
 from gptforge.core.config import TrainConfig, loader_kind
-from gptforge.core.device import autocast_context, emulated_half_products, peak_flops
-from gptforge.core.distributed import DistEnv
+from gptforge.core.cpu import adopt_rates, cpu_product_rates, emulated_half_products
+from gptforge.core.device import autocast_context, dtype_reason, peak_flops
+from gptforge.core.distributed import DistEnv, gather
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
 from gptforge.data.loader import Batches, dataset_dir, make_batches, read_meta
@@ -65,7 +66,7 @@ class Run:
     sync: Callable[[bool], None] | None = field(init=False)  # gradient all-reduce on the last micro-batch only
 
     def __post_init__(self) -> None:
-        self.peak_flops = peak_flops(self.env.device, self.cfg.dtype, self.cfg.peak_flops) if self.env.is_main else 1.0
+        self.peak_flops = peak_flops(self.env.device, self.cfg.peak_flops) if self.env.is_main else 1.0
         self.ctx = autocast_context(self.env.device_type, self.cfg.dtype)
         self.sync = gradient_sync(self.model, self.raw_model, self.env, self.env.fsdp(self.cfg.parallel))
 
@@ -101,11 +102,10 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
     torch.manual_seed(cfg.seed)  # every rank builds the same initial weights (FSDP keeps each rank's shard)
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
     meta = read_meta(folder)
-    if cfg.batch_warmup_iters and loader_kind(meta, cfg.data_loader) == "chat":
-        raise UserError(
-            f"--batch_warmup_iters={cfg.batch_warmup_iters}: a chat dataset's rows are packed conversations whose "
-            "loss is weighted over the whole step; the batch warm-up is for pretraining data. Leave it at 0 here"
-        )
+    check_batch_warmup(cfg, meta)
+    given_dtype = cfg.dtype  # 'auto' or the user's: the header says why an automatic choice went as it did
+    if env.ddp and env.device_type == "cpu":  # every rank decides each 'auto' by rank 0's measured rates
+        adopt_rates(gather(cpu_product_rates("bfloat16") if env.is_main else None, env)[0])
     begun = begin(cfg, env, meta)
     if begun is None:
         return None
@@ -151,8 +151,16 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
         best_val_loss,
         token_bytes=dataset_byte_table(meta, start.args["vocab_size"], env.device, env.say),
     )
-    metrics.info(describe(run, start, malloc))
+    metrics.info(describe(run, start, malloc, given_dtype))
     return run
+
+
+def check_batch_warmup(cfg: TrainConfig, meta: dict[str, Any]) -> None:
+    if cfg.batch_warmup_iters and loader_kind(meta, cfg.data_loader) == "chat":
+        raise UserError(
+            f"--batch_warmup_iters={cfg.batch_warmup_iters}: a chat dataset's rows are packed conversations whose "
+            "loss is weighted over the whole step; the batch warm-up is for pretraining data. Leave it at 0 here"
+        )
 
 
 def build_training(cfg: TrainConfig, env: DistEnv, model: GPT) -> tuple[torch.optim.Optimizer, Any]:
@@ -172,13 +180,15 @@ def build_training(cfg: TrainConfig, env: DistEnv, model: GPT) -> tuple[torch.op
     return optimizer, torch.amp.GradScaler(env.device_type, enabled=cfg.dtype == "float16")
 
 
-def describe(run: Run, start: Start, malloc: str) -> str:
-    """The lines a run opens with: model, device and settings, tokens per step, memory, the allocator; and a warning
-    where this CPU emulates the run's bf16 / fp16 products."""
+def describe(run: Run, start: Start, malloc: str, given_dtype: str) -> str:
+    """The lines a run opens with: model, device and settings (an automatic dtype with what decided it), tokens per
+    step, memory, the allocator; and a warning where this CPU runs the run's bf16 / fp16 products slowly."""
     cfg, env = run.cfg, run.env
     slow = emulated_half_products(cfg.dtype) if env.device_type == "cpu" else ""
+    why = dtype_reason(given_dtype, cfg.dtype, env.device_type, start.args["n_embd"], cfg.cpu_bf16_min_width)
     return (
-        f"model: {run.raw_model.get_num_params() / 1e6:.2f}M parameters | device {env.device}, dtype {cfg.dtype}, "
+        f"model: {run.raw_model.get_num_params() / 1e6:.2f}M parameters | device {env.device}, dtype {cfg.dtype}"
+        f"{f' ({why})' if why else ''}, "
         f"compile {cfg.compile}, {env.world_size} process(es), dropout {cfg.dropout}"
         f"{' (fast masks)' if cfg.fast_dropout and cfg.dropout > 0 else ''}"
         f"{', float32 products by oneDNN' if cfg.onednn_f32 and cfg.dtype == 'float32' else ''}\n"
