@@ -1,4 +1,4 @@
-# Step 2 of the chat recipe (docs/RECIPES.md, "A model that chats"): pretrain a small modern GPT on Tiny
+# Step 2 of the chat recipe (docs/RECIPES.md#a-model-that-chats): pretrain a small modern GPT on Tiny
 # Shakespeare + the chit-chat text, tokenized with the recipe's own 4,096-token BPE (digits one per token).
 #
 #   gptforge train config/chat_pretrain_cpu.py

@@ -1,4 +1,4 @@
-# Step 3 of the chat recipe (docs/RECIPES.md, "A model that chats"): supervised fine-tuning of
+# Step 3 of the chat recipe (docs/RECIPES.md#a-model-that-chats): supervised fine-tuning of
 # config/chat_pretrain_cpu.py's model on the chit-chat conversations and the synthetic tasks, the loss on the
 # assistant's tokens only, packed conversations kept apart. Each evaluation answers held-out synthetic problems
 # greedily (the 'chat' record: exact match per task kind, and how many answers end with the end token).

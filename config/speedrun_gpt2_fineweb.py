@@ -8,20 +8,14 @@
 #   # race it against build-nanogpt's recipe (one process; set max_iters lower to try it on one GPU):
 #   gptforge bench config/speedrun_gpt2_fineweb.py --target_loss=3.3 --compare=config/train_gpt2_fineweb.py
 #
-# Measured with gptforge on one H100 (docs/RECIPES.md): 1.38 s a step (379,514 tokens/s, MFU 41.7%) against
-# config/train_gpt2_fineweb.py's 1.13 s, so 1.96 h for these 5,100 steps against 5.97 h for its 19,073. On one
-# H200 with the rotary tables of 2026-11-26: 1.12 s a step (MFU 51.1-51.4%) against 1.03 s, 1.59 h against
-# 5.47 h; on the H100 then, 1.20 s (MFU 48.0%) against 1.12 s, and with the compiled loss of the same day
-# 1.14-1.16 s (MFU 49.7-50.5%) against 1.08 s (42.0%); on an H100 on 2026-11-28, with attention's inputs in
-# c_attn's order, 1.10 s (MFU 52.4-52.6%) against 1.11 s (41.0%): 1.56 h against 5.87 h. The loss was not
-# measured (no FineWeb-Edu on those machines). Expected loss, and where it comes from: modded-nanogpt's
-# record of October 2024 with this set of changes minus the untied head and the soft-cap (rotary, QK-norm,
-# RMSNorm, ReLU², zero-init projections, Muon) reached llm.c's GPT-2 124M loss (3.28 on FineWeb's validation
-# tokens) in 2.67B tokens instead of llm.c's 10B, and its next records added the untied head (with further
-# changes). So this config trains 5,100 steps (2.67B tokens), about a quarter of
+# Why 5,100 steps: modded-nanogpt's record of October 2024 with this set of changes minus the untied head and the
+# soft-cap (rotary, QK-norm, RMSNorm, ReLU², zero-init projections, Muon) reached llm.c's GPT-2 124M loss (3.28 on
+# FineWeb's validation tokens) in 2.67B tokens instead of llm.c's 10B, and its next records added the untied head
+# (with further changes). So this config trains 5,100 steps (2.67B tokens), about a quarter of
 # config/train_gpt2_fineweb.py's 19,073, and should end near that run's final val loss. FineWeb-Edu's losses
 # are not FineWeb's: compare the two configs on the same data, not with modded-nanogpt's 3.28. The
-# learning rates are modded-nanogpt's order of magnitude, not tuned here; docs/RECIPES.md says how to tune.
+# learning rates are modded-nanogpt's order of magnitude, not tuned here. Its step on one H100 and one H200
+# (its loss is not yet measured), and how to tune a recipe: docs/RECIPES.md#gpt-2-124m-on-a-gpu
 
 out_dir = 'log-speedrun'
 dataset = 'fineweb_edu'

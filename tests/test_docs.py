@@ -1,5 +1,6 @@
-"""The documents hold together: every relative link in README.md and docs/ points at a file of the repository
-(and, with #anchor, at one of its headings), none points outside the repository, and the README stays short."""
+"""The documents hold together: every relative link in README.md, docs/ and docs/lab/ points at a file of the
+repository (and, with #anchor, at one of its headings), none points outside the repository, the README and
+PERFORMANCE stay short, and dated measurement logs live in docs/lab/, indexed there, not in the user docs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "lab").glob("*.md"))]
+USER_DOCS = [ROOT / "README.md", *(ROOT / "docs" / name for name in ("USAGE.md", "PERFORMANCE.md", "RECIPES.md"))]
+LAB = ROOT / "docs" / "lab"
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -19,9 +22,13 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def anchors(path: Path) -> set[str]:
+def headings(path: Path) -> list[str]:
     text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)  # not headings in code
-    return {slug(m.group(1)) for m in re.finditer(r"^#+\s+(.+)$", text, flags=re.M)}
+    return [m.group(1) for m in re.finditer(r"^#+\s+(.+)$", text, flags=re.M)]
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug(h) for h in headings(path)}
 
 
 def links(path: Path) -> list[str]:
@@ -53,3 +60,26 @@ def test_the_architecture_and_the_code_cite_nothing_outside_the_repository():
 
 def test_the_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+def test_performance_is_a_users_page_not_a_notebook():
+    assert len((ROOT / "docs" / "PERFORMANCE.md").read_text().splitlines()) <= 300
+
+
+@pytest.mark.parametrize("doc", USER_DOCS, ids=[str(d.relative_to(ROOT)) for d in USER_DOCS])
+def test_no_dated_heading_outside_the_lab(doc):
+    """A heading with a date is a session's log: it goes to a dated file in docs/lab/, the user doc keeps the
+    current figure and links it."""
+    dated = [h for h in headings(doc) if re.search(r"\b20\d\d-\d\d-\d\d", h)]
+    assert not dated, f"{doc.relative_to(ROOT)}: dated headings {dated}; move them to docs/lab/"
+
+
+def test_every_lab_file_is_dated_and_indexed():
+    index = (LAB / "README.md").read_text(encoding="utf-8")
+    for log in sorted(LAB.glob("*.md")):
+        if log.name == "README.md":
+            continue
+        assert re.match(r"20\d\d-\d\d-\d\d-[a-z0-9-]+\.md$", log.name), f"{log.name}: name it YYYY-MM-DD-machine.md"
+        first = log.read_text(encoding="utf-8").splitlines()[0]
+        assert first.startswith("# "), f"docs/lab/{log.name} starts with a one-line heading"
+        assert f"]({log.name})" in index, f"docs/lab/{log.name} is not in docs/lab/README.md"

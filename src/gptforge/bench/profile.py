@@ -3,7 +3,7 @@
 On a GPU the kernels' own device time (matrix products, attention, inductor's fused kernels, the loss's softmax,
 the optimizer...); on a CPU each operator's self time, where torch's profiler is only reliable for the products
 (docs/PERFORMANCE.md: it misreports elementwise operations on these CPUs). Found the rotary angles computed inside
-every compiled q / k kernel of GPT-2 124M on an H200 (docs/PERFORMANCE.md, "On a GPU: one NVIDIA H200").
+every compiled q / k kernel of GPT-2 124M on an H200 (docs/lab/2026-11-26-h200.md, "On a GPU: one NVIDIA H200").
 """
 
 from __future__ import annotations

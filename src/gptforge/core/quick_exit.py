@@ -3,7 +3,7 @@
 When a command has finished, Python's own exit still tears down every module and object it loaded: torch's ~2,000
 modules, the model, the optimizer's state, the allocator's caches. After a training run that took ~0.5 s (and
 ~0.2 s after a bare `import torch`) on the 2-core machines, every time, for nothing the user keeps
-(docs/PERFORMANCE.md, "Sixth session"). `quick_exit` does the part of the exit that matters and skips the rest:
+(docs/lab/2026-11-26-zen5.md, "Sixth session"). `quick_exit` does the part of the exit that matters and skips the rest:
 it waits for the threads Python would wait for (after telling thread pools' idle workers to stop, as Python
 does), runs the atexit handlers (logging's flush, multiprocessing's children, temporary directories), flushes
 stdout and stderr, and ends the process with the command's status.

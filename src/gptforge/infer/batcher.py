@@ -119,7 +119,7 @@ class Batcher:
     """The model's loop: `submit(request)`, `cancel(request)`, `close()` (finishes what was submitted first). It runs
     in a thread of its own, or with thread=False in whichever thread calls `run()`: `gptforge serve` runs it in the
     main thread, where torch's OpenMP kernels run at full speed (from other threads a small model's step takes
-    1.5-2x as long: measured on 2 cores, docs/PERFORMANCE.md)."""
+    1.5-2x as long: measured on 2 cores, docs/lab/2026-11-25-serve.md)."""
 
     def __init__(self, lm: LoadedModel, max_batch: int = 16, thread: bool = True):
         self.lm, self.max_batch = lm, max_batch

@@ -2,7 +2,7 @@
 
 torch.optim wraps Optimizer.add_param_group, zero_grad, state_dict and load_state_dict in `torch._disable_dynamo`
 and each optimizer's step in `_use_grad_for_differentiable`. Both import torch._dynamo when first called (about
-0.75 s of a training process on a 2-core CPU, more than a second on a slow one: docs/PERFORMANCE.md), only to
+0.75 s of a training process on a 2-core CPU, more than a second on a slow one: docs/lab/2026-11-26-zen5.md), only to
 keep torch.compile from tracing into the method or to break its graph there. An eager run needs neither.
 
 EagerMethods, mixed in before a torch optimizer, calls the same functions without those two wrappers while

@@ -5,7 +5,7 @@ On a CPU the plain expression passes over the (tokens, vocabulary) logits about 
 multiplication of the soft-cap, the float32 copy, log-softmax, the loss, and as many backward), each a trip
 through main memory: a quarter of a 4,096-token chat model's step. Here the logits are made by one product as
 before, and then each chunk of rows, small enough to stay in the core's cache, goes from logits to loss and to
-the logits' gradient at once, in float32, written back over the logits (docs/PERFORMANCE.md)."""
+the logits' gradient at once, in float32, written back over the logits (docs/lab/2026-11-25-epyc-bf16.md)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def compiled_loss(logits: torch.Tensor, targets: torch.Tensor, cap: float, reduc
 # With a soft-cap of at most this, |z| <= cap and V e^cap stays inside float32 for any vocabulary under 10^12 (e^60 x
 # 50,304 < 1e31; float32 ends at 3.4e38, e^-60 is a normal number), so CompiledLoss sums exp(z) with no row maximum
 # taken first: one pass over the logits instead of logsumexp's two (the 124M speedrun's step 1.9% shorter on an
-# H200: docs/PERFORMANCE.md)
+# H200: docs/lab/2026-11-28-h200-h100.md)
 ONE_PASS_CAP = 60.0
 
 
@@ -111,7 +111,7 @@ class CompiledLoss(torch.autograd.Function):
     gradient (the softmax minus the target's one, times the soft-cap's 1 - tanh^2), the target's one compared in
     the same kernel. The model's plain expression under compile also writes the capped logits (it returns them),
     takes a zero-filled (tokens, V) gradient for them in backward, and peaks 19 GB higher at GPT-2's vocabulary and
-    64 x 1024 tokens a micro-batch (docs/PERFORMANCE.md)."""
+    64 x 1024 tokens a micro-batch (docs/lab/2026-11-26-h100.md)."""
 
     @staticmethod
     def forward(ctx, logits, targets, cap, reduction):  # noqa: ANN001, ANN205

@@ -71,7 +71,7 @@ def fill_keep(keep: torch.Tensor, seed: int, threshold: int) -> None:
 def apply_mask(x: torch.Tensor, keep: torch.Tensor, scale: float = 1.0, out: torch.Tensor | None = None):
     """(x * as_ones(keep)) * scale, the product by the scale skipped at 1.0 (dropout on a drawn mask, and its
     gradient): the same bits from keep_mask.c's one pass on contiguous bf16 / float32 CPU tensors (1.4-2.7x faster
-    than torch's conversions and products here, docs/PERFORMANCE.md), from torch operations otherwise. `out` may
+    than torch's conversions and products here, docs/lab/2026-11-26-zen5.md), from torch operations otherwise. `out` may
     be x. Under torch.compile torch's products, which the compiler fuses itself."""
     native = native_kernels() if x.device.type == "cpu" and not torch.compiler.is_compiling() else None
     function = native.masked.get(x.dtype) if native is not None else None

@@ -60,7 +60,7 @@ def gram_form_pays(x: torch.Tensor) -> bool:
     (not lowered by set_float32_matmul_precision): within ~3e-4 (relative) of the step-by-step result in float32,
     where bfloat16's step-by-step result is within ~0.1. Not in bfloat16: its m x m products keep their rounding
     errors, the singular values reach 2.5 instead of ~1.2; started again from X every three steps it stays near 1
-    but trained worse (docs/PERFORMANCE.md). Not on CUDA (TF32 float32 products; not measured there)."""
+    but trained worse (docs/lab/2026-11-26-zen5.md). Not on CUDA (TF32 float32 products; not measured there)."""
     if x.size(-1) < 2 * x.size(-2) or x.device.type != "cpu":
         return False
     return x.dtype == torch.float64 or (x.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest")

@@ -4,7 +4,7 @@
     tokenizer_stats("mine", "held_out.txt")                                 # bytes per token, ours and GPT-2's
 
 The documents of files and folders stream into rustbpe (measured against Hugging Face tokenizers and bpeasy: the
-same merges in about half their time; docs/PERFORMANCE.md), which learns the merges with the split pattern
+same merges in about half their time; docs/lab/2026-11-24-tokenizer.md), which learns the merges with the split pattern
 (bpe.split_pattern) that the tokenizer then stores and encodes with; memory grows with the distinct text pieces,
 not with the input's size. The folder is assembled under a temporary name and renamed into place, so a failed or
 interrupted run writes nothing. The CLI (`gptforge tokenizer train|stats|encode|decode`) calls these.
