@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from conftest import loss_and_grads
-from gptforge.core.device import cpu_bf16_autocast
+from gptforge.core.cpu import cpu_bf16_autocast
 from gptforge.model import layers, native
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.mask_reference import layer_norm_reference
@@ -73,7 +73,7 @@ def test_layer_norm_elsewhere_is_torchs():
 
 
 def test_the_condition_is_bf16_cpu_autocast_only():
-    """core.device.cpu_bf16_autocast, the condition LayerNorm and NarrowGradLinear share: CPU tensors under CPU autocast
+    """core.cpu.cpu_bf16_autocast, the condition LayerNorm and NarrowGradLinear share: CPU tensors under CPU autocast
     in bf16; not float16 autocast (where LayerNorm stays torch's), not outside autocast, not another device."""
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(2))
     norm, torch_norm = layers.LayerNorm(64), nn.LayerNorm(64)
