@@ -349,7 +349,7 @@ def test_a_run_in_emulated_bf16_says_so_and_names_the_flag(char_data, tmp_path):
     held = run_cli("train", *args, env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
     assert held.returncode == 0, held.stderr
     warning = re.search(
-        r"warning: bfloat16 matrix products run at ([\d.,]+) GFLOP/s on this CPU against float32's ([\d.,]+):",
+        r"warning: bfloat16 matrix products run at ([\d.,]+) GFLOP/s a core on this CPU against float32's ([\d.,]+):",
         held.stdout,
     )
     assert warning and "--dtype=float32 trains faster" in held.stdout, held.stdout

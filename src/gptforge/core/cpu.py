@@ -1,8 +1,8 @@
 """What this CPU is and how fast it multiplies matrices: its kind (cpu_kind, describe_cpu), its matrix-product rate in
 each number format (measure_matmul_flops: the ceilings MFU is measured against), and the short probe that every
 dtype='auto' on a CPU decides by (half_pays: bfloat16 where its products measure faster than float32's, whatever the
-CPU's flags say; some CPUs list avx512_bf16 and multiply bf16 at half float32's rate). The probe's rates are kept per
-machine, torch version, thread count and ONEDNN_MAX_CPU_ISA in $GPTFORGE_CACHE_DIR/product_rates.json, so a command
+CPU's flags say; some CPUs list avx512_bf16 and multiply bf16 at half float32's rate). The probe's rates (one core's)
+are kept per machine, torch version and ONEDNN_MAX_CPU_ISA in $GPTFORGE_CACHE_DIR/product_rates.json, so a command
 pays for it once. docs/PERFORMANCE.md, "Choosing the number format", says how to read them."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ MEASURE_SECONDS = 0.5  # a CPU's measured ceiling is made narrower until one pro
 # autocast adds around each product eat the gain
 HALF_PAYS = 1.25
 RATES_FILE = "product_rates.json"
+PROBE_ROUNDS, PROBE_MAX_ROUNDS = 3, 12
 
 
 def cpu_kind() -> dict[str, str | int | bool]:
@@ -71,12 +72,12 @@ def describe_cpu(kind: dict[str, str | int | bool]) -> str:
 @functools.cache
 def cpu_has_amx() -> bool:
     """True when the CPU has AMX tiles (Intel Xeon from Sapphire Rapids on), whose bf16 products SDPA's fused CPU
-    kernel uses: there it is the faster attention in a forward without gradients (model/attention.py)."""
+    kernel uses: there it is the faster attention in a forward without gradients (kernels/attention.py)."""
     return bool(torch.cpu._is_amx_tile_supported())
 
 
 def cpu_bf16_autocast(x: torch.Tensor) -> bool:
-    """x is on the CPU and CPU autocast is on in bf16: where keep_mask.c's bf16 layers (LayerNormToBf16,
+    """x is on the CPU and CPU autocast is on in bf16: where cpu_kernels.c's bf16 layers (LayerNormToBf16,
     NarrowGradLinear) take over from torch's float32 operation and autocast's conversion."""
     on = x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
     return on and torch.get_autocast_dtype("cpu") == torch.bfloat16
@@ -152,12 +153,12 @@ def product_seconds(device: str, dtype: str, n: int, reps: int) -> float:
 
 
 def machine_key() -> str:
-    """What a probe's rates hold for: this CPU (model and flags), torch's version, the threads torch multiplies with
-    and ONEDNN_MAX_CPU_ISA (which can hold oneDNN below the CPU's bf16 kernels)."""
+    """What a probe's rates hold for: this CPU (model and flags), torch's version and ONEDNN_MAX_CPU_ISA (which can
+    hold oneDNN below the CPU's bf16 kernels)."""
     kind = cpu_kind()
     return (
         f"{kind['model']} (family {kind['family']} model {kind['model_number']}, flags {kind['flags_digest']}) | "
-        f"torch {torch.__version__} | {torch.get_num_threads()} threads | "
+        f"torch {torch.__version__} | "
         f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '')}"
     )
 
@@ -179,18 +180,34 @@ def _known(key: str) -> dict[str, float]:
 
 def cpu_product_rates(*dtypes: str) -> dict[str, float]:
     """This CPU's PROBE_N-wide matrix-product rate (FLOP/s) in float32 and each of `dtypes`: read from rates_file(),
-    else measured (products of each format in turn, three rounds, the best rate of each: a process's first products
-    are slow, and a busy machine slows some, neither making one format look slow against another) and kept there."""
+    else measured (_probe: products of each format in turn, the best rate of each, so that neither a process's slow
+    first products nor a busy machine makes one format look slow against another) and kept there."""
     known = _known(machine_key())
     wanted = ("float32", *dtypes)
     if any(name not in known for name in wanted):
-        best = dict.fromkeys(wanted, 0.0)
-        for _ in range(3):
-            for name in best:
-                best[name] = max(best[name], 2 * PROBE_N**3 / product_seconds("cpu", name, PROBE_N, reps=1))
-        known.update(best)
+        known.update(_probe(wanted))
         _keep(machine_key(), known)
     return {name: known[name] for name in wanted}
+
+
+def _probe(dtypes: tuple[str, ...]) -> dict[str, float]:
+    """The best rate of each format on one core over rounds of one PROBE_N-wide product each, in turn: at least
+    PROBE_ROUNDS,
+    and more (up to PROBE_MAX_ROUNDS) while a round still raises a best by over 5%. A machine busy with other
+    processes slows products by bursts; the best of enough rounds is the machine's own rate, and what is kept for
+    every later process should not be a busy minute's."""
+    best, threads = dict.fromkeys(dtypes, 0.0), torch.get_num_threads()
+    torch.set_num_threads(1)  # one core: a product split over threads waits for the slowest of them on a busy machine
+    try:
+        for done in range(PROBE_MAX_ROUNDS):
+            rates = {name: 2 * PROBE_N**3 / product_seconds("cpu", name, PROBE_N, reps=1) for name in best}
+            raised = any(rates[name] > 1.05 * best[name] for name in best)
+            best = {name: max(best[name], rates[name]) for name in best}
+            if done + 1 >= PROBE_ROUNDS and not raised:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    return best
 
 
 def adopt_rates(rates: dict[str, float]) -> None:
@@ -225,10 +242,10 @@ def half_pays(dtype: str = "bfloat16") -> bool:
 
 
 def rates_said(dtype: str = "bfloat16") -> str:
-    """'bfloat16 products 300.1 GFLOP/s against float32's 157.2 on this CPU': the probe's two rates, as the lines that
-    name an automatic choice say them."""
+    """'bfloat16 products 150.1 GFLOP/s a core against float32's 78.6': the probe's two rates, as the lines that name an
+    automatic choice say them."""
     rates = cpu_product_rates(dtype)
-    return f"{dtype} products {rates[dtype] / 1e9:,.1f} GFLOP/s against float32's {rates['float32'] / 1e9:,.1f}"
+    return f"{dtype} products {rates[dtype] / 1e9:,.1f} GFLOP/s a core against float32's {rates['float32'] / 1e9:,.1f}"
 
 
 def emulated_half_products(dtype: str, work: str = "trains") -> str:
@@ -243,7 +260,7 @@ def emulated_half_products(dtype: str, work: str = "trains") -> str:
     if half >= 0.5 * single:
         return ""
     return (
-        f"warning: {dtype} matrix products run at {half / 1e9:,.1f} GFLOP/s on this CPU against float32's "
+        f"warning: {dtype} matrix products run at {half / 1e9:,.1f} GFLOP/s a core on this CPU against float32's "
         f"{single / 1e9:,.1f}: emulated or slow here (no fast {dtype} hardware, or ONEDNN_MAX_CPU_ISA holds oneDNN "
         f"below it); --dtype=float32 {work} faster"
     )

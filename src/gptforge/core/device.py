@@ -105,7 +105,7 @@ def dtype_reason(name: str, dtype: str, device_type: str, n_embd: int, min_width
         return ""
     if n_embd < min_width:
         return f"auto: float32 below cpu_bf16_min_width={min_width} wide"
-    return f"auto: {rates_said('bfloat16')} on this CPU"
+    return f"auto: {rates_said('bfloat16')}"
 
 
 def inference_dtype(name: str, device_type: str, n_embd: int) -> str:
