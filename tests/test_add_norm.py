@@ -1,7 +1,7 @@
-"""A residual connection with dropout and the LayerNorm after it in one pass each way (layers.AddNorm, through
-GPT.hidden_states' chain of norms): nanoGPT's model under bf16 CPU autocast with fast dropout trains with the bits of
-the two kernels it joins (ResidualDropout, LayerNormToBf16) and of autograd's sum between them; elsewhere the chain
-computes what the blocks' forward computes."""
+"""A residual connection with dropout and the LayerNorm after it in one pass each way (kernels.dropout.AddNorm: each
+residual sum taken with the norm that follows it, modules.Dropout.norm_after): nanoGPT's model under bf16 CPU
+autocast with fast dropout trains with the bits of the two kernels it joins (ResidualDropout, LayerNormToBf16) and of
+autograd's sum between them; elsewhere the same steps as each apart."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from conftest import loss_and_grads
-from gptforge.model import layers, native, native_checks
+from gptforge.kernels import checks as native_checks
+from gptforge.kernels import dropout, native, norms
 from gptforge.model.gpt import GPT, GPTConfig
 
 
@@ -24,8 +25,8 @@ def nanogpt_model(bias: bool, dropout: float = 0.2) -> GPT:
 
 @pytest.fixture
 def counted(monkeypatch):
-    calls, real = [], layers.AddNorm.apply
-    monkeypatch.setattr(layers.AddNorm, "apply", lambda *a: calls.append(1) or real(*a))
+    calls, real = [], dropout.AddNorm.apply
+    monkeypatch.setattr(dropout.AddNorm, "apply", lambda *a: calls.append(1) or real(*a))
     return calls
 
 
@@ -37,7 +38,7 @@ def test_nanogpts_model_trains_through_it_with_the_bits_of_the_steps_it_joins(bi
 
     joined = loss_and_grads(model, idx, seed=2)  # seed: the same masks each time
     assert len(counted) == 6  # three blocks, two residual connections each (the last one's norm is ln_f)
-    monkeypatch.setattr(GPT, "_chain_norms", lambda self, x, cache: False)  # the blocks' own forward
+    monkeypatch.setattr(dropout, "layer_norm_to_bf16", lambda *a: False)  # each sum, then its norm, apart
     apart = loss_and_grads(model, idx, seed=2)
     assert len(counted) == 6
     assert torch.equal(joined[0], apart[0])
@@ -47,13 +48,14 @@ def test_nanogpts_model_trains_through_it_with_the_bits_of_the_steps_it_joins(bi
 
 @pytest.mark.parametrize("bf16", [True, False])
 def test_the_chain_without_the_kernel_is_the_blocks_forward(bf16, counted, monkeypatch):
-    """float32 (no kernel for the pair), or bf16 without the compiled kernels: the chain's steps are the blocks'."""
+    """float32 (no kernel for the pair), or bf16 without the compiled kernels: the same steps as each apart."""
     if bf16:
-        monkeypatch.setattr(layers, "native_kernels", lambda: None)
+        monkeypatch.setattr(dropout, "native_kernels", lambda: None)
+        monkeypatch.setattr(norms, "native_kernels", lambda: None)
     model = nanogpt_model(bias=True)
     idx = torch.randint(0, 65, (4, 64), generator=torch.Generator().manual_seed(1))
     chained = loss_and_grads(model, idx, seed=2, bf16=bf16)
-    monkeypatch.setattr(GPT, "_chain_norms", lambda self, x, cache: False)
+    monkeypatch.setattr(dropout, "layer_norm_to_bf16", lambda *a: False)
     apart = loss_and_grads(model, idx, seed=2, bf16=bf16)
     assert counted == []
     assert torch.equal(chained[0], apart[0])

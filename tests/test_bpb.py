@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from conftest import SMALL_TEXT, run_cli, tiny_train_args
+from gptforge.core.shape import model_vocab_size
 from gptforge.data.loader import make_batches, read_meta
 from gptforge.data.prepare import prepare
 from gptforge.evaluate.loss import byte_table, estimate_loss
-from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
+from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.tokenizer.spec import from_spec, tokenizer_spec
 from gptforge.tokenizer.train import train_tokenizer
 from test_time_to_loss import config_file

@@ -10,12 +10,14 @@ import shutil
 import pytest
 import torch
 
-import gptforge.model.gpt as model_module
 from conftest import loss_and_grads
-from gptforge.model import attention as attn
-from gptforge.model import mask_reference, masks, native
+from gptforge.kernels import attention as attn
+from gptforge.kernels import masks, native
+from gptforge.kernels import reference as mask_reference
+from gptforge.kernels.masks import keep_mask
+from gptforge.model.cache import evaluating
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.layers import Dropout, evaluating, keep_mask
+from gptforge.model.modules import Dropout
 
 
 @pytest.fixture(params=["kernel", "reference"])
@@ -73,7 +75,7 @@ def test_mask_words_are_splitmix64():
 
 
 def test_the_compiled_kernel_is_built_where_a_compiler_is():
-    """On a machine with a C compiler (CI's) the masks come from keep_mask.c, never silently from the fallback."""
+    """On a machine with a C compiler (CI's) the masks come from cpu_kernels.c, never silently from the fallback."""
     if not native.c_compiler():
         pytest.skip("no C compiler here")
     assert native.native_kernel() is not None
@@ -199,14 +201,15 @@ def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch, pac
     monkeypatch.setattr(attn, "cpu_has_amx", lambda: False)  # a CPU without AMX; with it below
     calls = []
     real = attn.attention
-    monkeypatch.setattr(model_module, "attention", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(attn, "attention", lambda *a: calls.append(1) or real(*a))
+    pays = attn.own_attention_pays
     model = tiny_model(dropout=0.0)
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(0, 37, (3, 16), generator=gen)
     positions = torch.tensor([list(range(16)), list(range(5)) + list(range(11)), list(range(9)) + list(range(7))])
 
     def attended(own: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        monkeypatch.setattr(model_module, "own_attention_pays", attn.own_attention_pays if own else lambda q: False)
+        monkeypatch.setattr(attn, "own_attention_pays", pays if own else lambda q: False)
         return loss_and_grads(model, idx, positions=positions if packed else None)
 
     own_loss, own_grads = attended(own=True)
@@ -218,10 +221,11 @@ def test_bf16_cpu_training_at_dropout_0_takes_the_own_attention(monkeypatch, pac
         torch.testing.assert_close(mine, theirs, rtol=0.05, atol=2e-3)
     evaluations = []
     for own in (True, False):
-        monkeypatch.setattr(model_module, "own_attention_pays", attn.own_attention_pays if own else lambda q: False)
+        monkeypatch.setattr(attn, "own_attention_pays", pays if own else lambda q: False)
         with torch.no_grad(), evaluating(model), torch.autocast("cpu", dtype=torch.bfloat16):
             evaluations.append(model(idx, idx, positions=positions if packed else None)[1])
     assert len(calls) == 4  # the evaluation took it too
+    monkeypatch.setattr(attn, "own_attention_pays", pays)
     torch.testing.assert_close(evaluations[0], evaluations[1], rtol=1e-2, atol=0)
     torch.testing.assert_close(evaluations[0], own_loss, rtol=1e-2, atol=0)  # no dropout: training's loss
     q = torch.zeros(1, 1, 16, 8, dtype=torch.bfloat16, requires_grad=True)

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptforge.model import head_loss as head_loss_module
+from gptforge.kernels import head_loss as head_loss_module
+from gptforge.kernels.head_loss import compiled_loss, head_loss, head_loss_pays
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.head_loss import compiled_loss, head_loss, head_loss_pays
 
 
 def reference(x, weight, targets, cap, reduction):

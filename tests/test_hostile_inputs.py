@@ -289,8 +289,8 @@ def chat_template(workspace_template: Path, tmp_path_factory) -> Path:  # noqa: 
     and `sft`, a finished SFT run on talk64 to resume."""
     from chat_tools import tiny_model, write_run
     from gptforge.chat.prepare import prepare_chat
+    from gptforge.core.shape import model_vocab_size
     from gptforge.data.loader import read_meta
-    from gptforge.model.gpt import model_vocab_size
     from gptforge.tokenizer.bpe import load_tokenizer
     from gptforge.tokenizer.train import train_tokenizer
     from gptforge.weights.export import export_hf

@@ -19,22 +19,22 @@ GROUPS = [
         "core.config",
     ),  # settings, the model's shape: no torch
     ("core.memory", "core.cpu", "core.device", "core.distributed", "core.vml"),  # what it needs, where and how it runs
-    # the network and its optimizers
+    # the speed paths behind plain tensor functions
     (
-        "model.mask_reference",
-        "model.native_checks",
-        "model.native",
-        "model.masks",
-        "model.layers",
-        "model.linear",
-        "model.activations",
-        "model.attention",
-        "model.head_loss",
-        "model.gpt",
-        "model.eager_optim",
-        "model.muon",
-        "model.optim",
+        "kernels.reference",
+        "kernels.checks",
+        "kernels.native",
+        "kernels.masks",
+        "kernels.norms",
+        "kernels.rotary",
+        "kernels.dropout",
+        "kernels.linear",
+        "kernels.activations",
+        "kernels.attention",
+        "kernels.head_loss",
     ),
+    # the network and its optimizers
+    ("model.cache", "model.modules", "model.gpt", "model.vocab", "model.eager_optim", "model.muon", "model.optim"),
     (
         "tokenizer.specials",
         "tokenizer.hf_format",
@@ -56,7 +56,20 @@ GROUPS = [
     ("bench.profile", "bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
     ("cli.common_args", "cli.tokenizer_args", "cli.chat_args", "cli.args", "cli.bench_args", "cli.main"),  # the CLI
 ]
-STAGES = ["core", "model", "tokenizer", "chat", "data", "weights", "infer", "evaluate", "train", "bench", "cli"]
+STAGES = [
+    "core",
+    "kernels",
+    "model",
+    "tokenizer",
+    "chat",
+    "data",
+    "weights",
+    "infer",
+    "evaluate",
+    "train",
+    "bench",
+    "cli",
+]
 ORDER = [name for group in GROUPS for name in group]
 # the dashboard imports no torch: it starts at once
 DASHBOARD_MAY_USE = {

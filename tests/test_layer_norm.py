@@ -1,5 +1,5 @@
-"""LayerNorm before a linear layer: on a CPU under bf16 autocast written in bf16 by keep_mask.c's one pass a row
-(layers.LayerNormToBf16), against a float64 reference and torch's own path (float32 LayerNorm, then the layer's
+"""LayerNorm before a linear layer: on a CPU under bf16 autocast written in bf16 by cpu_kernels.c's one pass a row
+(kernels.norms.LayerNormToBf16), against a float64 reference and torch's own path (float32 LayerNorm, then the layer's
 rounding to bf16); elsewhere torch's nn.LayerNorm itself."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import torch.nn as nn
 
 from conftest import loss_and_grads
 from gptforge.core.cpu import cpu_bf16_autocast
-from gptforge.model import layers, native
+from gptforge.kernels import native, norms
+from gptforge.kernels.reference import layer_norm_reference
+from gptforge.model import modules
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.mask_reference import layer_norm_reference
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -21,11 +22,11 @@ def test_layer_norm_under_bf16_autocast_matches_float64_and_torchs_path(bias, mo
     x's, the weight's and the bias's gradients from the same bf16 upstream gradient within float32 rounding of
     float64's and as close as torch's path (which rounds the same gradient to float32 first)."""
     assert native.native_kernels() is not None  # CI has a C compiler
-    calls, real = [], layers.LayerNormToBf16.apply
-    monkeypatch.setattr(layers.LayerNormToBf16, "apply", lambda *a: calls.append(1) or real(*a))
+    calls, real = [], norms.LayerNormToBf16.apply
+    monkeypatch.setattr(norms.LayerNormToBf16, "apply", lambda *a: calls.append(1) or real(*a))
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    norm = layers.LayerNorm(384, bias=bias)
+    norm = modules.LayerNorm(384, bias=bias)
     with torch.no_grad():
         norm.weight.copy_(torch.randn(384, generator=gen))
         if bias:
@@ -63,7 +64,7 @@ def test_layer_norm_elsewhere_is_torchs():
     """Without autocast, and in float32 under no kernel's conditions (a bf16 input), it is nn.LayerNorm bit for bit;
     its state_dict is nn.LayerNorm's."""
     gen = torch.Generator().manual_seed(1)
-    norm, torch_norm = layers.LayerNorm(64), nn.LayerNorm(64)
+    norm, torch_norm = modules.LayerNorm(64), nn.LayerNorm(64)
     assert norm.state_dict().keys() == torch_norm.state_dict().keys()
     torch_norm.load_state_dict(norm.state_dict())
     x = torch.randn(4, 64, generator=gen)
@@ -76,7 +77,7 @@ def test_the_condition_is_bf16_cpu_autocast_only():
     """core.cpu.cpu_bf16_autocast, the condition LayerNorm and NarrowGradLinear share: CPU tensors under CPU autocast
     in bf16; not float16 autocast (where LayerNorm stays torch's), not outside autocast, not another device."""
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(2))
-    norm, torch_norm = layers.LayerNorm(64), nn.LayerNorm(64)
+    norm, torch_norm = modules.LayerNorm(64), nn.LayerNorm(64)
     assert not cpu_bf16_autocast(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert cpu_bf16_autocast(x) and not cpu_bf16_autocast(x.to("meta"))
@@ -92,19 +93,19 @@ def test_the_model_under_bf16_autocast_takes_it_with_torchs_loss():
     model = GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=2, n_embd=64, dropout=0.0, bias=True))
     idx = torch.randint(0, 65, (4, 64), generator=torch.Generator().manual_seed(2))
 
-    calls, real = [], layers.LayerNormToBf16.apply
-    layers.LayerNormToBf16.apply = lambda *a: calls.append(1) or real(*a)
+    calls, real = [], norms.LayerNormToBf16.apply
+    norms.LayerNormToBf16.apply = lambda *a: calls.append(1) or real(*a)
     try:
         mine = loss_and_grads(model, idx)
     finally:
-        layers.LayerNormToBf16.apply = real
+        norms.LayerNormToBf16.apply = real
     assert len(calls) == 5
-    forward = layers.LayerNorm.forward
-    layers.LayerNorm.forward = nn.LayerNorm.forward
+    forward = modules.LayerNorm.forward
+    modules.LayerNorm.forward = nn.LayerNorm.forward
     try:
         theirs = loss_and_grads(model, idx)
     finally:
-        layers.LayerNorm.forward = forward
+        modules.LayerNorm.forward = forward
     torch.testing.assert_close(mine[0], theirs[0], rtol=1e-2, atol=0)
     for a, b in zip(mine[1].values(), theirs[1].values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0.05, atol=0.02 * b.abs().max().item())

@@ -9,9 +9,9 @@ import torch
 
 from gptforge.core.errors import UserError
 from gptforge.core.memory import GB, check_fits, estimate_training_memory
-from gptforge.model.attention import saved_score_bytes
+from gptforge.kernels.attention import saved_score_bytes
+from gptforge.kernels.head_loss import head_loss_used
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.head_loss import head_loss_used
 from gptforge.model.optim import configure_optimizer
 
 SHAPES = [

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from gptforge.infer.engine import generate
+from gptforge.model.cache import evaluating
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.layers import evaluating
 
 
 def tiny(**kw) -> GPT:
@@ -258,7 +258,7 @@ def test_generation_leaves_the_global_rng_alone():
 
 
 def test_model_vocab_size_pads_gpt2_bpe_only():
-    from gptforge.model.gpt import model_vocab_size
+    from gptforge.core.shape import model_vocab_size
 
     assert model_vocab_size({"vocab_size": 50257, "tokenizer": "gpt2"}) == 50304
     assert model_vocab_size({"vocab_size": 50304, "tokenizer": "gpt2"}) == 50304

@@ -17,9 +17,12 @@ from conftest import run_cli, whole_and_resumed
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
 from gptforge.infer.engine import generate
-from gptforge.model import activations, layers, native
+from gptforge.kernels import activations, native, norms, rotary
+from gptforge.kernels.norms import rms_norm
+from gptforge.kernels.rotary import apply_rotary, rotary_angles
+from gptforge.model.cache import KVCache
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.layers import KVCache, RMSNorm, apply_rotary, rms_norm, rotary_angles
+from gptforge.model.modules import ReLU2, RMSNorm
 from gptforge.weights.export import export_hf
 
 ALL_ON = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untie_head=True, zero_init=True, logit_softcap=15.0)
@@ -238,12 +241,12 @@ def test_squared_relu_is_relu_squared_with_its_gradient():
     and under bf16 autocast it stays bf16 (no float32 copy of the MLP's widest activation)."""
     x = torch.randn(64, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
     assert torch.autograd.gradcheck(activations.SquaredReLU.apply, (x,))
-    y = activations.ReLU2()(x)
+    y = ReLU2()(x)
     torch.testing.assert_close(y, torch.relu(x) ** 2, rtol=0, atol=0)
     (grad,) = torch.autograd.grad(y.sum(), x)
     torch.testing.assert_close(grad, 2 * torch.relu(x), rtol=0, atol=0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert activations.ReLU2()(x.detach().bfloat16()).dtype == torch.bfloat16
+        assert ReLU2()(x.detach().bfloat16()).dtype == torch.bfloat16
 
 
 def test_rms_norm_is_x_over_its_root_mean_square_with_its_gradient():
@@ -287,7 +290,7 @@ def _rms_reference(x: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, t
     [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)],
 )
 def test_the_compiled_rms_norm_matches_float64_and_torchs_own_steps(monkeypatch, source, written, width):
-    """Where a C compiler is (CI's), RMSNorm on contiguous CPU float32 / bf16 tensors runs in keep_mask.c (one read
+    """Where a C compiler is (CI's), RMSNorm on contiguous CPU float32 / bf16 tensors runs in cpu_kernels.c (one read
     of each row each way): its values and gradients lie within float32 rounding (float32 out) or one bf16 rounding
     (bf16 out) of float64's, and as close to them as the torch operations it replaces; a transposed x takes the torch
     path and gives the same values."""
@@ -297,7 +300,7 @@ def test_the_compiled_rms_norm_matches_float64_and_torchs_own_steps(monkeypatch,
     gen = torch.Generator().manual_seed(width)
     x = (torch.randn(3, 7, width, generator=gen) * 3).to(source).requires_grad_()
     grad = torch.randn(3, 7, width, generator=gen).to(written)
-    assert layers._rms_kernel(x.detach(), written) is not None  # the compiled path, not torch's
+    assert norms._rms_kernel(x.detach(), written) is not None  # the compiled path, not torch's
     y = rms_norm(x, written)
     (dx,) = torch.autograd.grad(y, x, grad)
     assert y.dtype == written and dx.dtype == source
@@ -309,14 +312,14 @@ def test_the_compiled_rms_norm_matches_float64_and_torchs_own_steps(monkeypatch,
     scale = (grad.double().abs() * r).max().item()
     torch.testing.assert_close(dx.double(), want_dx, rtol=0, atol=4 * tol[source] * scale)
     monkeypatch.setattr(native, "_kernel", [None])  # torch's own operations
-    assert layers._rms_kernel(x.detach(), written) is None
+    assert norms._rms_kernel(x.detach(), written) is None
     y_torch = rms_norm(x, written)
     (dx_torch,) = torch.autograd.grad(y_torch, x, grad)
     assert (y.double() - want_y).abs().max() <= (y_torch.double() - want_y).abs().max() + tol[written] / 2
     assert (dx.double() - want_dx).abs().max() <= (dx_torch.double() - want_dx).abs().max() * 1.01 + 1e-6
     monkeypatch.undo()
     turned = x.detach().transpose(0, 1).requires_grad_()  # not contiguous: torch's path, the same values
-    assert layers._rms_kernel(turned.detach(), written) is None
+    assert norms._rms_kernel(turned.detach(), written) is None
     torch.testing.assert_close(
         rms_norm(turned, written), y.detach().transpose(0, 1), rtol=tol[written], atol=tol[written]
     )
@@ -324,7 +327,7 @@ def test_the_compiled_rms_norm_matches_float64_and_torchs_own_steps(monkeypatch,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_then_rms_norm_in_one_step_matches_float64(dtype):
-    """qk-norm after rotary (layers.rotary_rms_norm) on attention's head-split view of c_attn's output: where the
+    """qk-norm after rotary (rotary.rotary_rms_norm) on attention's head-split view of c_attn's output: where the
     compiled kernel is (CI's), one step whose value and gradient lie within float32 rounding (float32) or one bf16
     rounding (bf16) of float64's, at least as close as the two torch steps it replaces; the gradient reaches q's
     columns of c_attn's output and nothing else."""
@@ -338,8 +341,8 @@ def test_rotary_then_rms_norm_in_one_step_matches_float64(dtype):
     def heads(t: torch.Tensor) -> torch.Tensor:
         return t[..., : H * hs].view(B, T, H, hs).transpose(1, 2)  # q as attention splits it
 
-    assert layers._rope_rms_kernels(heads(qkv), cos) is not None  # the compiled path
-    y = layers.rotary_rms_norm(heads(qkv), cos, sin)
+    assert rotary._rope_rms_kernels(heads(qkv), cos) is not None  # the compiled path
+    y = rotary.rotary_rms_norm(heads(qkv), cos, sin)
     grad = torch.randn(y.shape, generator=gen).to(dtype)
     (dqkv,) = torch.autograd.grad(y, qkv, grad)
     two_steps = rms_norm(apply_rotary(heads(qkv), cos, sin))

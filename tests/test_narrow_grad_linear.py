@@ -10,8 +10,9 @@ import torch
 from torch.nn import functional as F
 
 from conftest import loss_and_grads
-from gptforge.model import linear, native
+from gptforge.kernels import linear, native
 from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.model.modules import Linear
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def test_narrow_gradient_against_torch_and_float64(counted, x_dtype, monkeypatch
     gen = torch.Generator().manual_seed(0)
     # the baby GPT's MLP projection is 1536 -> 384; a third of each keeps the shape's rules (4 tiles of 32 out) at a
     # ninth of the products, which without bf16 hardware (emulated) took ~30 s each at full size
-    layer = linear.Linear(512, 128, bias=True)
+    layer = Linear(512, 128, bias=True)
     x = torch.randn(4, 1100, 512, generator=gen).to(x_dtype)  # 4,400 tokens: a ragged last tile of rows
     g = torch.randn(4, 1100, 128, generator=gen).to(torch.bfloat16)
     mine = forward_backward(layer, x, g, through_layer=True)
@@ -65,7 +66,7 @@ def test_the_layer_takes_it_only_where_it_pays(counted):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(8, 1024, 1536, generator=gen)
     g = torch.randn(8, 1024, 384, generator=gen).to(torch.bfloat16)
-    wide = linear.Linear(1536, 384, bias=False)
+    wide = Linear(1536, 384, bias=False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         wide(x).backward(g)  # training under bf16 autocast: taken where the kernels have their AVX-512 paths
     assert len(counted) == int(native.native_kernels().fast_rows)
@@ -74,8 +75,8 @@ def test_the_layer_takes_it_only_where_it_pays(counted):
         wide(x)  # no gradient
     wide(x)  # no autocast
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        linear.Linear(384, 1536)(x[..., :384])  # a wide output: torch's transposed operand is fast enough
-        linear.Linear(1536, 65)(x)  # not whole tiles (a character head)
+        Linear(384, 1536)(x[..., :384])  # a wide output: torch's transposed operand is fast enough
+        Linear(1536, 65)(x)  # not whole tiles (a character head)
         wide(x[:1, :100])  # too few tokens
     assert counted == []
 

@@ -1,4 +1,4 @@
-"""keep_mask.c as a CPU with AVX2 but no AVX-512 builds it (the AVX2-only EPYC of docs/PERFORMANCE.md: no bf16
+"""cpu_kernels.c as a CPU with AVX2 but no AVX-512 builds it (the AVX2-only EPYC of docs/PERFORMANCE.md: no bf16
 hardware, the float32 recipes): built here for x86-64-v3 (AVX2, FMA), it passes every load-time check that
 gptforge's own build passes, and its elementwise loops are vector code. Without -fno-trapping-math the compiler kept
 relu(x)^2's forward a scalar loop with a branch there (`v < 0 ? 0 : v` then a product it may not compute for the
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cpu_flags
-from gptforge.model import native
-from gptforge.model.native_checks import failed_check
+from gptforge.kernels import native
+from gptforge.kernels.checks import failed_check
 
 pytestmark = pytest.mark.skipif(
     not {"avx2", "fma"} <= cpu_flags() or native.c_compiler() is None,

@@ -1,4 +1,4 @@
-"""keep_mask.c's AVX-512 paths (attention's bf16 causal softmax with dropout, forward and backward; the bf16
+"""cpu_kernels.c's AVX-512 paths (attention's bf16 causal softmax with dropout, forward and backward; the bf16
 residual dropout; the transpose's tiles) give the bits of its portable loops: the library built with -march=native
 and with -march=native -mno-avx512f, the same inputs, the same outputs bit for bit, NaN, infinities, fully dropped
 and fully kept rows included."""
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from conftest import cpu_flags
-from gptforge.model import mask_reference, native
+from gptforge.kernels import native
+from gptforge.kernels import reference as mask_reference
 
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 

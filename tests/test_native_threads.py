@@ -1,4 +1,4 @@
-"""keep_mask.c's kernels split their rows or elements across the threads of torch's own OpenMP runtime: one pool
+"""cpu_kernels.c's kernels split their rows or elements across the threads of torch's own OpenMP runtime: one pool
 of threads in the process (the library binds to the libgomp torch loaded), as many as torch.set_num_threads
 says, and the same bits on one thread as on three (each part computes what one thread computes for its rows)."""
 
@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptforge.model import attention as attn
-from gptforge.model import layers, mask_reference, masks, native
+from gptforge.kernels import attention as attn
+from gptforge.kernels import masks, native, norms, rotary
+from gptforge.kernels import reference as mask_reference
+from gptforge.model import modules
 
 
 @pytest.fixture
@@ -35,17 +37,17 @@ def every_kernel(seed: int) -> list[torch.Tensor]:
         x = torch.randn(3, 300_001, generator=gen).to(dtype)
         out.append(masks.apply_mask(x, keep, 1.25))  # a mask's application
         rows = torch.randn(4096, 384, generator=gen).to(dtype).requires_grad_()
-        y = layers.rms_norm(rows, torch.bfloat16)  # RMSNorm, float32 or bf16 in, bf16 out
+        y = norms.rms_norm(rows, torch.bfloat16)  # RMSNorm, float32 or bf16 in, bf16 out
         y.backward(torch.randn(y.shape, generator=gen).to(y.dtype))
         out += [y, rows.grad]
         qkv = torch.randn(4, 256, 3, 6, 64, generator=gen).to(dtype)
         q = qkv[:, :, 0].transpose(1, 2).requires_grad_()  # a head-split view, as attention passes it
         angles = torch.randn(256, 32, generator=gen)
-        turned = layers.rotary_rms_norm(q, angles.cos(), angles.sin())  # rotary + RMSNorm
+        turned = rotary.rotary_rms_norm(q, angles.cos(), angles.sin())  # rotary + RMSNorm
         turned.backward(torch.randn(turned.shape, generator=gen).to(dtype))
         out += [turned, q.grad]
         if dtype == torch.float32:  # LayerNorm, float32 in, bf16 out, under autocast
-            norm = layers.LayerNorm(384)
+            norm = modules.LayerNorm(384)
             with torch.no_grad():
                 norm.weight.copy_(torch.randn(384, generator=gen))
                 norm.bias.copy_(torch.randn(384, generator=gen))

@@ -1,4 +1,4 @@
-"""onednn_f32: float32 CPU products of the Linear layers by oneDNN (model/linear.py). The product and both gradients
+"""onednn_f32: float32 CPU products of the Linear layers by oneDNN (kernels/linear.py). The product and both gradients
 against float64 autograd, in each of the weight gradient's three forms; the layer takes oneDNN only where it should
 (float32 outside autocast, large enough products, the switch on); a model trained with it follows torch's
 arithmetic to float32 rounding; a run resumed from a checkpoint equals the uninterrupted run bit for bit with it on;
@@ -17,9 +17,11 @@ from gptforge.core import device as device_module
 from gptforge.core.config import load_config
 from gptforge.core.cpu import onednn_f32_available
 from gptforge.core.device import onednn_f32_pays, resolve_onednn_f32
-from gptforge.model import linear as linear_module
+from gptforge.kernels import linear as linear_module
+from gptforge.kernels.linear import MIN_MACS, OneDnnLinear
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.linear import MIN_MACS, Linear, OneDnnLinear
+from gptforge.model.modules import Linear
+from gptforge.model.vocab import resize_vocab
 from gptforge.train.loop import train
 from gptforge.weights.checkpoint import load_checkpoint
 
@@ -143,7 +145,7 @@ def test_the_switch_survives_a_grown_vocabulary():
         torch.manual_seed(0)
         gpt = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=50, untie_head=untie))
         gpt.use_onednn_f32(True)
-        gpt.resize_vocab(64)
+        resize_vocab(gpt, 64)
         assert gpt.lm_head.onednn and isinstance(gpt.lm_head, Linear)
         assert (gpt.lm_head.weight is gpt.transformer.wte.weight) is not untie
 

@@ -1,4 +1,4 @@
-"""gptforge's own softmax attention (model/attention.py) against a float64 reference: with fast dropout's masks
+"""gptforge's own softmax attention (kernels/attention.py) against a float64 reference: with fast dropout's masks
 (in query blocks, on q / k / v as the model makes them, with bool masks), without dropout in float32 and bf16, and
 the compiled causal softmax with dropout against float64 and the torch operations' path."""
 
@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import loss_and_grads
-from gptforge.model import attention as attn
-from gptforge.model import layers, masks, native
-from gptforge.model.attention import attention
+from gptforge.kernels import attention as attn
+from gptforge.kernels import dropout, masks, native
+from gptforge.kernels.attention import attention
 from gptforge.model.gpt import document_mask
 
 
@@ -45,7 +45,7 @@ def recorded_masks(monkeypatch) -> list[torch.Tensor]:
     """Every mask drawn from now on, in order: by keep_mask, or inside attention's compiled causal softmax."""
     drawn: list[torch.Tensor] = []
     real = masks.keep_mask
-    for module in (attn, layers):  # attention's masks and Dropout's
+    for module in (attn, dropout):  # attention's masks and Dropout's
         monkeypatch.setattr(module, "keep_mask", lambda like, p: drawn.append(real(like, p)) or drawn[-1])
     softmax = attn._causal_softmax
 
@@ -96,7 +96,7 @@ def test_attention_with_fast_dropout_matches_a_float64_reference(T, blocks, stri
 @pytest.mark.parametrize("p", [0.0, 0.2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_compiled_causal_softmax_matches_float64_and_the_torch_path(dtype, p, monkeypatch):
-    """Attention's query blocks with dropout take keep_mask.c's causal softmax where it compiled (one pass over each
+    """Attention's query blocks with dropout take cpu_kernels.c's causal softmax where it compiled (one pass over each
     row forward, one backward; its split across threads: test_native_threads.py): from the same
     generator state the same masks as the torch operations' path, and values and gradients as close to float64's
     as that path's (float32: 1e-5; bf16: its rounding). Without dropout torch's softmax stays."""
@@ -218,7 +218,7 @@ def test_the_model_splits_heads_once_for_the_own_attention_with_the_same_result(
     from gptforge.model import gpt as gpt_module
 
     calls, real = [], attn.split_heads
-    monkeypatch.setattr(gpt_module, "split_heads", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(attn, "split_heads", lambda *a: calls.append(1) or real(*a))
     torch.manual_seed(0)
     config = gpt_module.GPTConfig(block_size=128, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=dropout)
     model = gpt_module.GPT(config)
@@ -228,7 +228,7 @@ def test_the_model_splits_heads_once_for_the_own_attention_with_the_same_result(
     split_loss, split_grads = loss_and_grads(model, idx, seed=2)
     assert len(calls) == 2  # both layers
     views = lambda qkv, nh: [t.view(*t.shape[:2], nh, -1).transpose(1, 2) for t in qkv.chunk(3, -1)]  # noqa: E731
-    monkeypatch.setattr(gpt_module, "split_heads", views)
+    monkeypatch.setattr(attn, "split_heads", views)
     view_loss, view_grads = loss_and_grads(model, idx, seed=2)
     assert torch.equal(split_loss, view_loss)
     for mine, theirs in zip(split_grads.values(), view_grads.values(), strict=True):

@@ -23,8 +23,8 @@ import torch
 from gptforge.core.config import CHOICES, load_config
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SHAPE_KEYS, SWITCHES, ModelShape, parameter_count, saved_model_args, shape_problem
+from gptforge.model.cache import KVCache
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.layers import KVCache
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "gptforge"
 

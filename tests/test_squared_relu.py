@@ -1,5 +1,5 @@
 """relu(x)^2, the modern recipe's MLP activation (activations.SquaredReLU): on a CPU in float32 and bf16
-keep_mask.c's one pass each way, with the bits of torch's operations it replaces (relu, `r * r`; `(g * r).mul_(2)`),
+cpu_kernels.c's one pass each way, with the bits of torch's operations it replaces (relu, `r * r`; `(g * r).mul_(2)`),
 and against float64; a model trains through it with the same loss and gradients."""
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from conftest import loss_and_grads
-from gptforge.model import activations, native, native_checks
+from gptforge.kernels import activations, native
+from gptforge.kernels import checks as native_checks
+from gptforge.kernels.reference import SPECIAL, same_bits
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.mask_reference import SPECIAL, same_bits
+from gptforge.model.modules import ReLU2
 
 
 @pytest.fixture
@@ -45,7 +47,7 @@ def test_squared_relu_gives_torchs_bits_and_float64s_values(dtype, shape, counte
     g.view(-1)[-len(SPECIAL) :] = torch.tensor(SPECIAL)
     x, g = x.to(dtype).requires_grad_(), g.to(dtype)
 
-    h = activations.ReLU2()(x)
+    h = ReLU2()(x)
     (dx,) = torch.autograd.grad(h, x, g)
     assert counted == [(dtype, 0), (dtype, 1)]  # the kernel, once each way
     want_h, want_dx = torch_relu2(x.detach(), g)
@@ -63,7 +65,7 @@ def test_a_strided_input_and_a_broadcast_gradient(counted):
     """A transposed x is read through a contiguous copy; the gradient of a sum (an expanded tensor) is made
     contiguous: the same values as torch's operations on them."""
     x = torch.randn(48, 40, generator=torch.Generator().manual_seed(3)).t().requires_grad_()
-    h = activations.ReLU2()(x)
+    h = ReLU2()(x)
     h.sum().backward()
     assert len(counted) == 2
     want_h, want_dx = torch_relu2(x.detach(), torch.ones_like(x))

@@ -35,10 +35,10 @@ from gptforge.core.device import (
 )
 from gptforge.core.errors import UserError
 from gptforge.core.memory import check_fits
-from gptforge.core.shape import model_args
+from gptforge.core.shape import model_args, model_vocab_size
 from gptforge.data.loader import read_meta
 from gptforge.infer.engine import generate
-from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
+from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.optim import accumulate_gradients, configure_optimizer, muon_settings
 from gptforge.tokenizer.gpt2 import GPT2_VOCAB
 from gptforge.train.start import training_estimate

@@ -28,8 +28,8 @@ from gptforge.core.console import log
 from gptforge.core.distributed import setup_distributed, teardown
 from gptforge.core.errors import UserError
 from gptforge.data.loader import DTYPES, dataset_dir, open_tokens, read_meta, split_files
+from gptforge.model.cache import evaluating
 from gptforge.model.gpt import GPT
-from gptforge.model.layers import evaluating
 from gptforge.tokenizer.spec import from_spec, token_byte_table, tokenizer_spec
 from gptforge.train.loop import apply_lr, train_step
 from gptforge.train.setup import setup

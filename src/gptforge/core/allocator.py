@@ -31,7 +31,7 @@ _status: list[str] = []  # what keep_freed_memory decided in this process, once
 
 def switched_off(name: str, environ: MutableMapping[str, str] = os.environ) -> bool:
     """Whether the environment switch `name` says off: 0, off, false or no (any case, spaces around ignored); this
-    module's GPTFORGE_MALLOC and model/native.py's GPTFORGE_NATIVE."""
+    module's GPTFORGE_MALLOC and kernels/native.py's GPTFORGE_NATIVE."""
     return environ.get(name, "").strip().lower() in ("0", "off", "false", "no")
 
 

@@ -49,9 +49,9 @@ def estimate_training_memory(
     for the weight, 4 for the gradient and 8 for AdamW's two moments (4 for Muon's one momentum on the blocks'
     matrices), divided over `shards` under FSDP; and per token of the micro-batch about 16 C saved values per block
     (norm outputs, q, k, v, attention output, the MLP's 4C input and activation) and the logits (3 copies of V
-    floats: logits, their float32 cast, the softmax gradient; with `head_loss` (model/head_loss.py) one, in the
+    floats: logits, their float32 cast, the softmax gradient; with `head_loss` (kernels/head_loss.py) one, in the
     compute dtype: the logits' gradient written over them). score_bytes: what the attention keeps per sequence and
-    layer where it materialises its T x T probabilities (model/attention.saved_score_bytes; 0 where SDPA's kernels
+    layer where it materialises its T x T probabilities (kernels/attention.saved_score_bytes; 0 where SDPA's kernels
     keep only their output)."""
     total, matrices = parameter_count(saved_model_args(model_args))
     moments = 8 * total - (4 * matrices if optimizer == "muon" else 0)

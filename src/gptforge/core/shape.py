@@ -185,3 +185,11 @@ def parameter_count(args: dict[str, Any]) -> tuple[int, int]:
     block = 2 * norm + matrices + biases
     total = V * C + (0 if args["rotary"] else T * C) + L * block + norm + (V * C if args["untie_head"] else 0)
     return total, L * matrices
+
+
+def model_vocab_size(meta: dict) -> int:
+    """The embedding rows a new model gets for a dataset's vocabulary: a BPE's (GPT-2's 50257, an own one's) padded
+    to a multiple of 64 (50304), which matmul kernels prefer (the extra rows never occur in data; the export cuts
+    them); a char vocabulary as it is (nanoGPT's shape)."""
+    vocab = meta["vocab_size"]
+    return -(-vocab // 64) * 64 if meta["tokenizer"] in ("gpt2", "bpe") else vocab

@@ -15,7 +15,7 @@ from gptforge.chat.synthetic import ALL_KINDS, KINDS, generate, score
 from gptforge.core.config import TrainConfig
 from gptforge.core.distributed import DistEnv
 from gptforge.infer.engine import generate as generate_tokens
-from gptforge.model.layers import evaluating
+from gptforge.model.cache import evaluating
 from gptforge.tokenizer.spec import from_spec, tokenizer_spec
 from gptforge.tokenizer.specials import role_tokens
 

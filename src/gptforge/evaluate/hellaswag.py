@@ -21,7 +21,7 @@ from gptforge.core.device import autocast_context, inference_dtype
 from gptforge.core.distributed import DistEnv, setup_distributed, teardown
 from gptforge.core.errors import UserError
 from gptforge.core.files import cache_dir, download
-from gptforge.model.layers import evaluating
+from gptforge.model.cache import evaluating
 from gptforge.tokenizer.spec import Tokenizer, from_spec, tokenizer_spec
 from gptforge.weights.load import load_model
 

@@ -16,7 +16,7 @@ from gptforge.core.console import log
 from gptforge.core.device import autocast_context, device_type, inference_dtype, resolve_device
 from gptforge.core.errors import UserError
 from gptforge.data.loader import Batches, dataset_dir, make_batches, read_meta
-from gptforge.model.layers import evaluating
+from gptforge.model.cache import evaluating
 from gptforge.tokenizer.spec import Tokenizer, from_spec, token_byte_table, tokenizer_spec
 from gptforge.weights.load import load_model
 

@@ -21,8 +21,8 @@ import torch._inductor.config
 
 from gptforge.core.console import log
 from gptforge.core.errors import UserError
+from gptforge.model.cache import KVCache
 from gptforge.model.gpt import GPT
-from gptforge.model.layers import KVCache
 
 
 class WholeCache:

@@ -12,8 +12,8 @@ import torch
 from torch.nn import functional as F
 
 from gptforge.infer.options import WINDOWS  # the context windows once a sequence outgrows block_size
+from gptforge.model.cache import KVCache
 from gptforge.model.gpt import GPT
-from gptforge.model.layers import KVCache
 
 
 @torch.no_grad()

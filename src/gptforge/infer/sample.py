@@ -17,8 +17,8 @@ from gptforge.core.settings import check_fields
 from gptforge.data.sources import read_txt
 from gptforge.infer.engine import generate, generate_stream
 from gptforge.infer.options import SampleArgs
+from gptforge.model.cache import evaluating
 from gptforge.model.gpt import GPT
-from gptforge.model.layers import evaluating
 from gptforge.tokenizer.spec import from_spec, tokenizer_spec
 from gptforge.weights.load import load_model
 

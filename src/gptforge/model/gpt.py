@@ -1,6 +1,8 @@
 """The GPT-2 model: token + position embeddings, pre-LayerNorm blocks, a weight-tied LM head, KV-cache generation.
 Parameter names are OpenAI's / Hugging Face's (`transformer.h.0.attn.c_attn`, ...), so nanoGPT checkpoints and HF
-weights map onto it one to one. Torch only; nothing else of the package."""
+weights map onto it one to one. The modern recipe's switches (rotary, RMSNorm, qk-norm, relu2, an untied and
+soft-capped head) are settings of the same modules. Each module has one forward; the speed paths (CPU kernels,
+compiled layouts) are behind kernels/' functions, which choose their own."""
 
 from __future__ import annotations
 
@@ -13,22 +15,12 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptforge.core.shape import ModelShape
-from gptforge.model.activations import ReLU2
-from gptforge.model.attention import attention, own_attention_pays, split_heads
-from gptforge.model.head_loss import compiled_loss, head_loss, head_loss_pays
-from gptforge.model.layers import (
-    Dropout,
-    KVCache,
-    LayerNorm,
-    RMSNorm,
-    add_dropped,
-    add_dropped_norm,
-    apply_rotary,
-    rms_norm,
-    rotary_angles,
-    rotary_rms_norm,
-)
-from gptforge.model.linear import Linear
+from gptforge.kernels.attention import attend, attention_heads, own_attention
+from gptforge.kernels.head_loss import loss_without_logits
+from gptforge.kernels.norms import rms_norm
+from gptforge.kernels.rotary import Rope, rotary_angles
+from gptforge.model.cache import KVCache, cached_rule, document_mask
+from gptforge.model.modules import Dropout, LayerNorm, Linear, ReLU2, RMSNorm, residual
 
 
 @dataclass(frozen=True)
@@ -39,19 +31,8 @@ class GPTConfig(ModelShape):
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64: faster matmuls, the extra rows go unused
 
 
-Rope = tuple[torch.Tensor, torch.Tensor]  # rotary cos and sin (T, head_size / 2)
-
-
 def norm_layer(config: GPTConfig) -> nn.Module:
     return RMSNorm() if config.rmsnorm else LayerNorm(config.n_embd, bias=config.bias)
-
-
-def heads_second(angles: torch.Tensor) -> torch.Tensor:
-    """Rotary cos or sin, (T, hs / 2) or (B, 1, T, hs / 2) as rotary_angles gives them, made to broadcast over
-    (B, T, nh, hs / 2). Under torch.compile q and k are rotated and normalised before the heads move to dimension
-    1: the gradients of q, k and v then come back in c_attn's own (B, T, 3 C) order, and attention's inputs and
-    output are strided views of it (no copy that transposes them, forward or backward)."""
-    return angles.unsqueeze(-2) if angles.dim() == 2 else angles.transpose(1, 2)
 
 
 class CausalSelfAttention(nn.Module):
@@ -65,74 +46,34 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = config.qk_norm
         self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
         self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.resid_dropout = Dropout(config.dropout)
-
-    def rotate_and_norm(self, q: torch.Tensor, k: torch.Tensor, rope: Rope | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """q and k rotated by rope and normalised (qk-norm), as the model's settings say; rope broadcasts over q."""
-        if rope is not None and self.qk_norm:  # one step: on a CPU one pass each way (layers.rotary_rms_norm)
-            return rotary_rms_norm(q, *rope), rotary_rms_norm(k, *rope)
-        if rope is not None:
-            return apply_rotary(q, *rope), apply_rotary(k, *rope)
-        if self.qk_norm:
-            return rms_norm(q), rms_norm(k)
-        return q, k
+        self.resid_dropout = Dropout(config.dropout)  # taken with the residual sum: Block.forward
 
     def forward(
         self,
         x: torch.Tensor,
-        cache: KVCache | None = None,
-        layer: int = 0,
         rope: Rope | None = None,
         mask: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-        norm: nn.Module | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
         """rope: the rotary (cos, sin) of these positions, computed once per forward by GPT.hidden_states. mask: a
         bool mask broadcastable to (B, nh, T, keys), True where a query may attend (the caller's whole rule: causal,
-        documents, padding); None: causal, after any cached tokens. residual: returns residual + the output, the
-        sum taken with the dropout (layers.add_dropped); with `norm` too, that sum and norm(sum)
-        (layers.add_dropped_norm)."""
+        documents, padding); None: causal, after any cached tokens. Returns the projection before resid_dropout."""
         B, T, C = x.size()
         qkv = self.c_attn(x)  # (B, T, 3 C): q, k, v side by side
         p = self.dropout if self.training else 0.0
-        own = cache is None and (self.fast_dropout and 0.0 < p < 1.0 or p == 0.0 and own_attention_pays(qkv))
-        compiling = torch.compiler.is_compiling()
-        if own and rope is None and not self.qk_norm and not compiling:
-            q, k, v = split_heads(qkv, self.n_head)  # (B, nh, T, hs) each, contiguous, as `attention` takes them
-        else:
-            q, k, v = (t.view(B, T, self.n_head, C // self.n_head) for t in qkv.split(self.n_embd, dim=2))
-            if compiling:  # rotated and normalised before the heads move: see heads_second
-                turned = None if rope is None else (heads_second(rope[0]), heads_second(rope[1]))
-                q, k = self.rotate_and_norm(q, k, turned)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs)
-            if not compiling:
-                q, k = self.rotate_and_norm(q, k, rope)
+        own = own_attention(qkv, p, self.fast_dropout, cache is not None)  # gptforge's attention, or SDPA
+        q, k, v = attention_heads(qkv, self.n_head, rope, self.qk_norm, own)  # (B, nh, T, hs) each
         causal = mask is None
         if cache is not None:
-            # A prefill (empty cache) is causal over the prompt; one new token attends to every cached one, all in
-            # its past; several new tokens after cached ones (a conversation's next turn) see all the cached ones
-            # and, among themselves, their past.
-            past = cache.length
-            assert past == 0 or T == 1 or not cache.ring, "a ring cache takes one token at a time after its prefill"
-            causal = causal and past == 0
-            if mask is None and past and T > 1:
-                mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)  # (T, past + T)
+            mask, causal = cached_rule(cache, T, mask, x.device)
             k, v = cache.update(layer, k, v)  # (B, nh, past + T, hs)
         if cache is not None and hasattr(cache, "attend"):  # a cache with its own attention (infer/decode.py)
             y = cache.attend(q, k, v, mask)
-        elif own:
-            y = attention(q, k, v, p, mask)  # gptforge's own: cheap dropout masks; bf16 CPU training
-        else:  # SDPA picks a fused (flash / memory-efficient) kernel where one exists; is_causal masks the future
-            masked = {"attn_mask": mask} if mask is not None else {}
-            # a Python bool, also when the compiler traces T as a symbol (a branch guards on it; SDPA refuses a SymBool)
-            is_causal = True if causal and T > 1 else False  # noqa: SIM210
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=is_causal, **masked)
+        else:
+            y = attend(q, k, v, p, mask, causal, own)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
-        if residual is not None and norm is not None:
-            return add_dropped_norm(self.resid_dropout, residual, self.c_proj(y), norm)
-        if residual is not None:
-            return add_dropped(self.resid_dropout, residual, self.c_proj(y))
-        return self.resid_dropout(self.c_proj(y))
+        return self.c_proj(y)
 
 
 class MLP(nn.Module):
@@ -143,17 +84,10 @@ class MLP(nn.Module):
         approximate = {"erf": "none", "tanh": "tanh"}[config.gelu]
         self.gelu = ReLU2() if config.relu2 else nn.GELU(approximate=approximate)
         self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)  # taken with the residual sum: Block.forward
 
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, norm: nn.Module | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """residual: returns residual + the output, the sum taken with the dropout (layers.add_dropped); with `norm`
-        too, that sum and norm(sum) (layers.add_dropped_norm)."""
-        out = self.c_proj(self.gelu(self.c_fc(x)))
-        if residual is not None and norm is not None:
-            return add_dropped_norm(self.dropout, residual, out, norm)
-        return self.dropout(out) if residual is None else add_dropped(self.dropout, residual, out)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.gelu(self.c_fc(x)))
 
 
 class Block(nn.Module):
@@ -165,32 +99,19 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = norm_layer(config)
         self.mlp = MLP(config)
+        self.attn.resid_dropout.follow_with(self.ln_2)
 
     def forward(
         self,
         x: torch.Tensor,
-        cache: KVCache | None = None,
-        layer: int = 0,
         rope: Rope | None = None,
         mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        layer: int = 0,
     ) -> torch.Tensor:
-        x = self.attn(self.ln_1(x), cache, layer, rope, mask, residual=x)  # x + attn(ln_1(x))
-        return self.mlp(self.ln_2(x), residual=x)  # x + mlp(ln_2(x))
-
-    def forward_normed(
-        self,
-        x: torch.Tensor,
-        h: torch.Tensor,
-        layer: int,
-        rope: Rope | None,
-        mask: torch.Tensor | None,
-        norm: nn.Module,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """forward for GPT.hidden_states' chain of norms: h is ln_1(x), given; returns the block's output and `norm`
-        of it (the next block's ln_1, or ln_f), each residual sum taken with the norm after it
-        (layers.add_dropped_norm: one pass each way where keep_mask.c has both). The same values as forward."""
-        x, h = self.attn(h, None, layer, rope, mask, residual=x, norm=self.ln_2)
-        return self.mlp(h, residual=x, norm=norm)
+        # each branch's dropout taken with its residual sum (modules.residual: one pass where a kernel has it)
+        x = residual(x, self.attn(self.ln_1(x), rope, mask, cache, layer), self.attn.resid_dropout)  # x + attn(ln_1(x))
+        return residual(x, self.mlp(self.ln_2(x)), self.mlp.dropout)  # x + mlp(ln_2(x))
 
 
 class GPT(nn.Module):
@@ -207,6 +128,9 @@ class GPT(nn.Module):
             ln_f=norm_layer(config),
         )
         self.transformer = nn.ModuleDict(parts)
+        blocks = self.transformer.h
+        for block, norm in zip(blocks, [*(b.ln_1 for b in blocks[1:]), self.transformer.ln_f], strict=True):
+            block.mlp.dropout.follow_with(norm)  # the norm each block's output goes through next
         self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         if not config.untie_head:
             # Weight tying (Press & Wolf 2017): input embedding and output projection share one matrix.
@@ -224,10 +148,9 @@ class GPT(nn.Module):
 
     def reset_rope(self) -> None:
         """The rotary cos and sin of positions 0 .. block_size - 1 (float32, (block_size, head_size / 2) each), computed
-        once: buffers that move with the model and stay out of its state_dict. Computed in each forward instead, they
-        are fused by torch.compile into every kernel that uses them, pow, cos and sin per element of q and k: 190 of
-        1,250 ms of a GPT-2 124M modern-recipe step on an H200 (docs/lab/2026-11-26-h200.md). A model built on the meta
-        device calls this again once its weights are in place."""
+        once: buffers that move with the model and stay out of its state_dict (computed in each forward instead,
+        torch.compile fuses pow, cos and sin into every kernel that uses them: docs/lab/2026-11-26-h200.md). A model
+        built on the meta device calls this again once its weights are in place."""
         cfg, device = self.config, self.transformer.wte.weight.device
         positions = torch.arange(cfg.block_size, dtype=torch.long, device=device)
         cos, sin = rotary_angles(positions, cfg.n_embd // cfg.n_head, cfg.rope_base)
@@ -245,7 +168,7 @@ class GPT(nn.Module):
 
     def use_onednn_f32(self, on: bool) -> None:
         """Compute every Linear's float32 CPU products (forward and backward) with oneDNN's matmul instead of torch's
-        (model/linear.py): the same sums in another order. Off (a new model's default), torch's arithmetic, rounding
+        (kernels/linear.py): the same sums in another order. Off (a new model's default), torch's arithmetic, rounding
         for rounding."""
         for module in self.modules():
             if isinstance(module, Linear):
@@ -280,17 +203,16 @@ class GPT(nn.Module):
         With a KVCache, idx continues the cached tokens (positions start at cache.position) and the cache grows.
         positions and mask: see hidden_states. Targets of -1 are not scored; reduction 'sum' adds the scored
         targets' losses (0 when there are none), 'mean' averages them (nanoGPT's). need_logits=False (training's
-        step): the logits may be None, when the loss comes from head_loss (CPU training, large vocabularies).
+        step): the logits may be None, the loss taken without them (kernels/head_loss.py).
         """
         x = self.hidden_states(idx, cache, positions, mask)  # (B, T, C)
         if targets is None:
             # Generation needs only the next-token distribution: skip the (B, T, V) projection.
             return self.logits(x[:, [-1], :]), None  # (B, 1, V)
-        cap, weight = self.config.logit_softcap, self.lm_head.weight
-        if not need_logits and head_loss_pays(x, weight.size(0), cap):
-            return None, head_loss(x, weight, targets, cap, reduction)
-        if not need_logits and torch.compiler.is_compiling():  # the loss's passes in as few kernels as inductor fuses
-            return None, compiled_loss(self.lm_head(x), targets, cap, reduction)
+        cap, head = self.config.logit_softcap, self.lm_head
+        loss = None if need_logits else loss_without_logits(x, head.weight, head, targets, cap, reduction)
+        if loss is not None:
+            return None, loss
         logits = self.logits(x)  # (B, T, V)
         # Cross-entropy in float32 even under autocast: the softmax over 50k entries needs the range.
         flat = logits.float().view(-1, logits.size(-1))
@@ -341,62 +263,14 @@ class GPT(nn.Module):
             rope = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # rotary_angles' values
         elif cfg.rotary:
             rope = rotary_angles(positions, cfg.n_embd // cfg.n_head, cfg.rope_base)
-        if self.config.rmsnorm:
+        if cfg.rmsnorm:
             x = rms_norm(x)  # nanochat normalises the embedding too
         x = self.transformer.drop(x)
-        blocks, ln_f = self.transformer.h, self.transformer.ln_f
-        if self._chain_norms(x, cache):
-            h = blocks[0].ln_1(x)
-            for layer, block in enumerate(blocks):
-                x, h = block.forward_normed(
-                    x, h, layer, rope, mask, blocks[layer + 1].ln_1 if layer + 1 < len(blocks) else ln_f
-                )
-            return h  # ln_f of the last block's output
-        for layer, block in enumerate(blocks):
-            x = block(x, cache, layer, rope, mask)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, rope, mask, cache, layer)
         if cache is not None:
             cache.advance(T)
-        return ln_f(x)  # (B, T, C)
-
-    def _chain_norms(self, x: torch.Tensor, cache: KVCache | None) -> bool:
-        """Whether hidden_states takes each residual sum together with the norm after it (Block.forward_normed):
-        in CPU training with residual dropout and LayerNorm (nanoGPT's recipes), no cache, outside torch.compile,
-        not sharded (FSDP's hooks run on the blocks' own forward). layers.Dropout.add_norm then fuses each pair where
-        keep_mask.c has both (bf16 autocast, fast dropout); elsewhere the same operations as the blocks' forward."""
-        cfg = self.config
-        return (
-            cache is None
-            and self.training
-            and x.device.type == "cpu"
-            and not cfg.rmsnorm
-            and 0.0 < cfg.dropout < 1.0
-            and type(self.transformer.ln_f.weight) is nn.Parameter
-            and not torch.compiler.is_compiling()
-        )
-
-    def resize_vocab(self, rows: int) -> None:
-        """Grow the embedding (and an untied head) to `rows` rows: the existing rows kept, the new ones drawn as a
-        new model's are (normal, std 0.02). For tokens the weights never had, e.g. chat tokens on GPT-2's."""
-        old = self.config.vocab_size
-        assert rows >= old, "resize_vocab only grows the vocabulary"
-        weight = self.transformer.wte.weight
-        grown = torch.empty(rows, weight.size(1), dtype=weight.dtype, device=weight.device)
-        nn.init.normal_(grown, mean=0.0, std=0.02)
-        with torch.no_grad():
-            grown[:old] = weight
-        self.transformer.wte = nn.Embedding.from_pretrained(grown, freeze=False)
-        if self.config.untie_head:
-            head = torch.empty_like(grown)
-            nn.init.normal_(head, mean=0.0, std=0.02)
-            with torch.no_grad():
-                head[:old] = self.lm_head.weight
-            head_weight = nn.Parameter(head)
-        else:
-            head_weight = self.transformer.wte.weight  # tied again
-        onednn = self.lm_head.onednn
-        self.lm_head = Linear(weight.size(1), rows, bias=False).to(weight.device, weight.dtype)
-        self.lm_head.weight, self.lm_head.onednn = head_weight, onednn
-        self.config = dataclasses.replace(self.config, vocab_size=rows)
+        return self.transformer.ln_f(x)  # (B, T, C)
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context length (e.g. GPT-2's 1024 to a smaller block_size for fine-tuning), or with rotary, which
@@ -422,20 +296,3 @@ class GPT(nn.Module):
         """Model FLOPs utilisation: achieved FLOP/s (fwdbwd_per_iter sequences in dt seconds) / peak_flops."""
         flops_per_iter = self.flops_per_token(seq_len) * (seq_len or self.config.block_size) * fwdbwd_per_iter
         return flops_per_iter / dt / peak_flops
-
-
-def document_mask(positions: torch.Tensor) -> torch.Tensor:
-    """(B, 1, T, T) attention mask of packed documents whose positions restart at each document start: token i
-    sees token j when j <= i and j is in i's document (j >= i - positions[i])."""
-    T = positions.size(1)
-    i = torch.arange(T, device=positions.device)
-    start = (i - positions).unsqueeze(-1)  # (B, T, 1): where each token's document starts
-    return ((i[None, :] <= i[:, None]) & (i[None, None, :] >= start)).unsqueeze(1)
-
-
-def model_vocab_size(meta: dict) -> int:
-    """The embedding rows a new model gets for a dataset's vocabulary: a BPE's (GPT-2's 50257, an own one's) padded
-    to a multiple of 64 (50304), which matmul kernels prefer (the extra rows never occur in data; the export cuts
-    them); a char vocabulary as it is (nanoGPT's shape)."""
-    vocab = meta["vocab_size"]
-    return -(-vocab // 64) * 64 if meta["tokenizer"] in ("gpt2", "bpe") else vocab

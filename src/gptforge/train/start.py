@@ -23,10 +23,11 @@ from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.core.files import CKPT
 from gptforge.core.memory import MemoryEstimate, check_fits, estimate_training_memory
-from gptforge.core.shape import SHAPE_KEYS, model_args, saved_model_args
-from gptforge.model.attention import saved_score_bytes
-from gptforge.model.gpt import GPT, GPTConfig, model_vocab_size
-from gptforge.model.head_loss import head_loss_used
+from gptforge.core.shape import SHAPE_KEYS, model_args, model_vocab_size, saved_model_args
+from gptforge.kernels.attention import saved_score_bytes
+from gptforge.kernels.head_loss import head_loss_used
+from gptforge.model.gpt import GPT, GPTConfig
+from gptforge.model.vocab import resize_vocab
 from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 from gptforge.tokenizer.spec import folder_tokenizer, tokenizer_spec
 from gptforge.weights.checkpoint import checkpoint_model_args, load_checkpoint, load_model_state, load_resumable
@@ -84,7 +85,7 @@ def find_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start | 
         env.say(
             f"vocabulary padded from {start.args['vocab_size']} to {rows} rows for the chat tokens (new rows random)"
         )
-        start.model.resize_vocab(rows)
+        resize_vocab(start.model, rows)
         start.args = {**start.args, "vocab_size": rows}
     if meta["vocab_size"] > start.args["vocab_size"]:
         raise UserError(
@@ -322,7 +323,7 @@ def training_estimate(
     shards: int = 1,
 ) -> MemoryEstimate:
     """core/memory.estimate_training_memory with what this device's training path keeps: the head's loss step where
-    it is taken (model/head_loss) and the attention's T x T scores (model/attention.saved_score_bytes). dtype,
+    it is taken (kernels/head_loss) and the attention's T x T scores (kernels/attention.saved_score_bytes). dtype,
     fast_dropout and compiled as resolved for the device; check_memory and `gptforge bench` both estimate so."""
     head = head_loss_used(device_type, args["vocab_size"], dtype != "float32", args.get("logit_softcap", 0))
     bf16 = dtype == "bfloat16"

@@ -1,9 +1,9 @@
-"""keep_mask.c, gptforge's compiled CPU kernels: built on first use with the machine's C compiler (cached in
+"""cpu_kernels.c, gptforge's compiled CPU kernels: built on first use with the machine's C compiler (cached in
 ~/.cache/gptforge/native, one file per source, compiler, CPU and threading: -march=native, and -fopenmp where torch
 runs on GNU OpenMP, `openmp_flags`, so that the kernels split their work across torch's own threads), loaded with
-ctypes, and checked before use against torch's bits or float64 (model/native_checks.py). `native_kernels()` gives
-them (Native), or None (said once) with GPTFORGE_NATIVE=0, without a compiler or when a check fails: model/masks.py,
-layers.py, linear.py and attention.py then use torch operations."""
+ctypes, and checked before use against torch's bits or float64 (kernels/checks.py). `native_kernels()` gives them
+(Native), or None (said once) with GPTFORGE_NATIVE=0, without a compiler or when a check fails: the other kernels
+modules then use torch operations."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ import torch
 
 from gptforge.core.allocator import switched_off
 from gptforge.core.console import log
-from gptforge.model.native_checks import failed_check
+from gptforge.kernels.checks import failed_check
 
-SOURCE = Path(__file__).with_name("keep_mask.c")
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
 SWITCH = "GPTFORGE_NATIVE"  # 0 / off / false: no compiled kernel, masks by torch operations (the same masks)
 # -fno-math-errno: sqrtf as one instruction, no libm. -fno-trapping-math: branches such as relu's `v < 0 ? 0 : v`
 # become vector selects without AVX-512's masked stores (an AVX2-only CPU's build kept relu(x)^2 a scalar loop with a
@@ -36,7 +36,7 @@ _kernel: list = []
 
 
 class Native(NamedTuple):
-    """keep_mask.c's functions: the mask's draw, a mask's application for each dtype it has one for, RMSNorm's
+    """cpu_kernels.c's functions: the mask's draw, a mask's application for each dtype it has one for, RMSNorm's
     forward (by (x's, y's) dtype) and backward (by (the gradient's, x's) dtype), and the rest as their fields say."""
 
     keep: Callable[..., None]
@@ -63,7 +63,7 @@ _C_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 def native_kernel():  # noqa: ANN201 - a ctypes function or None
-    """keep_mask.c's mask function, compiled on first use; None (said once) with GPTFORGE_NATIVE=0, without a C
+    """cpu_kernels.c's mask function, compiled on first use; None (said once) with GPTFORGE_NATIVE=0, without a C
     compiler, or when the compiled kernel does not reproduce reference_keep (and torch's masked products)."""
     native = _native()
     return None if native is None else native.keep
@@ -112,7 +112,7 @@ def _load() -> tuple[Native | None, str]:
 
 
 def bind(library: ctypes.CDLL) -> Native:
-    """A loaded build of keep_mask.c's functions with their argument types, as Native (not yet checked: the
+    """A loaded build of cpu_kernels.c's functions with their argument types, as Native (not yet checked: the
     caller runs failed_check). AttributeError where the library lacks one."""
     keep, bf16, f32 = library.gptforge_keep_mask, library.gptforge_masked_bf16, library.gptforge_masked_f32
     keep.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32]
@@ -241,7 +241,7 @@ def _compiled(compiler: str) -> Path:
 
 
 def build(compiler: str, target: str | Path, extra: tuple[str, ...]) -> subprocess.CompletedProcess:
-    """keep_mask.c compiled into the library `target` with FLAGS and `extra` (-march=..., openmp_flags()); the
+    """cpu_kernels.c compiled into the library `target` with FLAGS and `extra` (-march=..., openmp_flags()); the
     compiler's output captured, its status returned, not raised."""
     return subprocess.run(
         [compiler, *FLAGS, *extra, "-o", str(target), str(SOURCE)], capture_output=True, text=True, timeout=300

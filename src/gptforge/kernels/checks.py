@@ -1,5 +1,5 @@
-"""The checks native.py runs on keep_mask.c's compiled kernels before any is used: each against the references in
-model/mask_reference.py (the masks and their application bit for bit; the residual dropout, the float32 + bf16 sum and
+"""The checks native.py runs on cpu_kernels.c's compiled kernels before any is used: each against the references in
+kernels/reference.py (the masks and their application bit for bit; the residual dropout, the float32 + bf16 sum and
 relu(x)^2 against torch's bits; RMSNorm alone and after rotary, the causal softmax and LayerNorm against float64; the
 residual with its LayerNorm against those two kernels; the transpose against torch's copy). `failed_check` says which
 one fails, or ""; `native` is a native.Native."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from gptforge.model.mask_reference import (
+from gptforge.kernels.reference import (
     SPECIAL,
     causal_softmax_reference,
     keep_threshold,

@@ -1,7 +1,9 @@
-"""gptforge's own softmax attention for CPU training, where SDPA falls short: with dropout (SDPA's fused CPU kernel
-has none, and its math path draws torch's bernoulli masks) and, in bf16, at dropout 0 too (the fused kernel's bf16
-backward is twice this path's time). Causal, or any bool mask; queries in blocks where the mask allows. Torch, and
-masks' compiled kernel for the causal blocks' softmax with dropout.
+"""Attention as plain tensor functions: `attention_heads` (the one projection into heads, rotated and normalised as
+the model asks, laid out for the attention that follows) and `attend` (SDPA, or gptforge's own softmax attention),
+with `own_attention` choosing between them. gptforge's own is for CPU training, where SDPA falls short: with dropout
+(SDPA's fused CPU kernel has none, and its math path draws torch's bernoulli masks) and, in bf16, at dropout 0 too
+(the fused kernel's bf16 backward is twice this path's time). Causal, or any bool mask; queries in blocks where the
+mask allows. Torch, and cpu_kernels.c for the causal blocks' softmax with dropout.
 """
 
 from __future__ import annotations
@@ -10,15 +12,63 @@ import ctypes
 import math
 
 import torch
+from torch.nn import functional as F
 
 from gptforge.core.cpu import cpu_has_amx
-from gptforge.model.mask_reference import keep_threshold
-from gptforge.model.masks import apply_mask, keep_mask, mask_seed
-from gptforge.model.native import native_kernels
+from gptforge.kernels.masks import apply_mask, keep_mask, mask_seed
+from gptforge.kernels.native import native_kernels
+from gptforge.kernels.reference import keep_threshold
+from gptforge.kernels.rotary import Rope, rotate_and_norm
 
 QUERY_BLOCKS = 2  # attention goes in this many query blocks when T >= MIN_BLOCKED_T and the mask allows
 MIN_BLOCKED_T = 128
 OWN_ATTENTION_MAX_T = 512  # at dropout 0, bf16 on a CPU takes `attention` up to this many tokens
+
+
+def own_attention(qkv: torch.Tensor, p: float, fast_dropout: bool, cached: bool) -> bool:
+    """Whether `attend` takes gptforge's own attention for this layer rather than SDPA: in training with fast dropout
+    masks (SDPA's would be bernoulli draws), or at dropout 0 where own_attention_pays; never with a KV cache."""
+    return not cached and (fast_dropout and 0.0 < p < 1.0 or p == 0.0 and own_attention_pays(qkv))
+
+
+def attention_heads(
+    qkv: torch.Tensor, n_head: int, rope: Rope | None, qk_norm: bool, own: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v (B, nh, T, hs) from the projection qkv (B, T, 3 C), q and k rotated (rope) and normalised (qk_norm).
+    For own attention without either, three contiguous copies in one step (split_heads); otherwise views. Under
+    torch.compile q and k are rotated and normalised before the heads move to dimension 1 (rope broadcast over
+    (B, T, nh, hs / 2): heads_second): the gradients of q, k and v then come back in qkv's own (B, T, 3 C) order,
+    and attention's inputs and output are strided views of it (no copy that transposes them, either way)."""
+    B, T, C3 = qkv.size()
+    compiling = torch.compiler.is_compiling()
+    if own and rope is None and not qk_norm and not compiling:
+        return split_heads(qkv, n_head)
+    q, k, v = (t.view(B, T, n_head, C3 // (3 * n_head)) for t in qkv.split(C3 // 3, dim=2))  # (B, T, nh, hs)
+    if compiling:
+        q, k = rotate_and_norm(q, k, None if rope is None else (heads_second(rope[0]), heads_second(rope[1])), qk_norm)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs)
+    if not compiling:
+        q, k = rotate_and_norm(q, k, rope, qk_norm)
+    return q, k, v
+
+
+def heads_second(angles: torch.Tensor) -> torch.Tensor:
+    """Rotary cos or sin, (T, hs / 2) or (B, 1, T, hs / 2), made to broadcast over (B, T, nh, hs / 2)."""
+    return angles.unsqueeze(-2) if angles.dim() == 2 else angles.transpose(1, 2)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, mask: torch.Tensor | None, causal: bool, own: bool
+) -> torch.Tensor:
+    """Attention of q over k, v (B, nh, T, hs) -> (B, nh, T, hs): gptforge's own (`attention`: cheap dropout masks,
+    bf16 CPU training) where `own`, else SDPA, which picks a fused (flash / memory-efficient) kernel where one
+    exists. mask: bool, True where a query may attend (the whole rule); else causal when `causal`."""
+    if own:
+        return attention(q, k, v, p, mask)
+    masked = {"attn_mask": mask} if mask is not None else {}
+    # a Python bool, also when the compiler traces T as a symbol (a branch guards on it; SDPA refuses a SymBool)
+    is_causal = True if causal and q.size(-2) > 1 else False  # noqa: SIM210
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=is_causal, **masked)
 
 
 def own_attention_pays(q: torch.Tensor) -> bool:
@@ -185,7 +235,7 @@ class CausalBlocks(torch.autograd.Function):
     and, with dropout, the dropped probabilities, as before, and the contiguous copies of its queries and of the
     keys and values up to its end that its products take (a product copies a strided operand each time it gets one:
     six copies a layer fewer, the same bits). With dropout on a CPU the block's softmax, mask and
-    dropped probabilities are keep_mask.c's one pass over each row, and its gradient one pass back
+    dropped probabilities are cpu_kernels.c's one pass over each row, and its gradient one pass back
     (_causal_softmax), where torch's operations take three passes forward (softmax, draw, the mask's application)
     and two back."""
 
@@ -260,8 +310,8 @@ def _undrop(p: float) -> float:
     return 1.0 / (1.0 - p) if p > 0.0 else 1.0
 
 
-def _softmax_kernels(q: torch.Tensor, p: float):  # noqa: ANN202 - keep_mask.c's (forward, backward) or None
-    """keep_mask.c's causal softmax with dropout for q's dtype (float32, bf16) on a CPU, where it compiled. Without
+def _softmax_kernels(q: torch.Tensor, p: float):  # noqa: ANN202 - cpu_kernels.c's (forward, backward) or None
+    """cpu_kernels.c's causal softmax with dropout for q's dtype (float32, bf16) on a CPU, where it compiled. Without
     dropout torch's softmax, already one pass forward and one backward, stays: the kernel's exponential and threads
     gained nothing there (docs/lab/2026-11-27-amx.md)."""
     native = native_kernels() if q.device.type == "cpu" and p > 0.0 else None
@@ -269,7 +319,7 @@ def _softmax_kernels(q: torch.Tensor, p: float):  # noqa: ANN202 - keep_mask.c's
 
 
 def _causal_softmax(forward, scores: torch.Tensor, rows: int, p: float):  # noqa: ANN001, ANN202
-    """A query block's (probabilities, dropped probabilities, mask) by keep_mask.c in one pass over each row, its rows
+    """A query block's (probabilities, dropped probabilities, mask) by cpu_kernels.c in one pass over each row, its rows
     split across torch's threads by the kernel: scores (B, nh, rows, cols), contiguous, the last `rows` queries of
     `cols` positions, become the probabilities (the causal rule is the kernel's: no -inf is added); the mask is
     keep_mask's, from a seed drawn as keep_mask draws it: the same masks as the torch operations' path."""

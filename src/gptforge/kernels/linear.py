@@ -1,15 +1,14 @@
-"""Linear layers whose float32 CPU products can run through oneDNN instead of torch's BLAS (MKL), and whose bf16
-weight gradient on an AMX CPU can come from a transposed copy. Torch only (and keep_mask.c's transpose).
+"""`linear`, F.linear whose float32 CPU products can run through oneDNN instead of torch's BLAS (MKL), and whose bf16
+weight gradient on an AMX CPU can come from a transposed copy. Torch only (and cpu_kernels.c's transpose).
 
 torch multiplies float32 matrices on a CPU with MKL, and MKL takes its AVX2 code on AMD processors even where they
 have AVX-512: on a Zen 5 EPYC ~215 GFLOP/s on 2 cores, against ~450 for oneDNN's AVX-512 kernels, which torch ships
-too and which pick their code by the CPU's features alone (docs/lab/2026-11-26-zen5.md). `Linear` is nn.Linear (the same
-parameters, names, initialisation and state_dict) whose forward, when `onednn` is set on it and the product is
-float32 on a CPU outside autocast and torch.compile, computes the product and both gradients with oneDNN's
-matmul (`core.cpu.onednn_nt`). They are the same sums in another order: the results agree with
-torch's to float32 rounding, not bit for bit. A model is built with it off (torch's arithmetic, which Hugging
-Face's GPT-2 and nanoGPT compute); training turns it on where it pays (the `onednn_f32` setting,
-core/device.resolve_onednn_f32).
+too and which pick their code by the CPU's features alone (docs/lab/2026-11-26-zen5.md). With `onednn` set (the
+model's Linear modules carry it) and a float32 product on a CPU outside autocast and torch.compile, `linear` computes
+the product and both gradients with oneDNN's matmul (`core.cpu.onednn_nt`). They are the same sums in another order:
+the results agree with torch's to float32 rounding, not bit for bit. A model is built with it off (torch's
+arithmetic, which Hugging Face's GPT-2 and nanoGPT compute); training turns it on where it pays (the `onednn_f32`
+setting, core/device.resolve_onednn_f32).
 
 Under bf16 CPU autocast on a CPU with AMX, a layer whose output is at most half its input (the MLP's projection
 back) trains through NarrowGradLinear: the same forward, and the weight's gradient, a product that reduces over
@@ -23,7 +22,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptforge.core.cpu import cpu_bf16_autocast, cpu_has_amx, onednn_nt
-from gptforge.model.native import native_kernels
+from gptforge.kernels.native import native_kernels
 
 MIN_MACS = 1 << 20  # products smaller than this (a decode step's rows) keep torch's: oneDNN's call costs more
 MIN_WEIGHT_GRAD = 1 << 16  # in * out below this (128 x 128, the 65-character head): MKL's weight gradient is faster
@@ -64,7 +63,7 @@ class OneDnnLinear(torch.autograd.Function):
 class NarrowGradLinear(torch.autograd.Function):
     """y = x @ weight.T + bias under bf16 CPU autocast: forward F.linear's own product on the values autocast
     rounds to bf16 (the same bits), backward x's gradient as torch's (the same product) and the weight's as
-    transpose(g) @ x with the output's gradient g (tokens, out) copied transposed by keep_mask.c first. On an AMX
+    transpose(g) @ x with the output's gradient g (tokens, out) copied transposed by cpu_kernels.c first. On an AMX
     Xeon oneDNN's product of the transposed view g^T and x ran at ~960 GFLOP/s, from the contiguous copy at ~1,700:
     for 16,384 tokens of 1,536 -> 384, 20.0 ms against 11.5 + 2.2 for the copy. The same sums in another order: the
     weight's gradient is torch's to bf16 rounding, not bit for bit (the bias's likewise: summed over the tokens)."""
@@ -93,48 +92,43 @@ class NarrowGradLinear(torch.autograd.Function):
         return dx, dw, db
 
 
-class Linear(nn.Linear):
-    """nn.Linear; with `onednn` set (GPT.use_onednn_f32), its float32 CPU products by oneDNN (OneDnnLinear); under
-    bf16 CPU autocast on an AMX CPU, in training, with out <= in / 2, the weight's gradient from a transposed copy
-    (NarrowGradLinear)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, onednn: bool) -> torch.Tensor:
+    """F.linear(x, weight, bias). With `onednn` (training's onednn_f32), a float32 CPU product outside autocast and
+    torch.compile by oneDNN (OneDnnLinear); under bf16 CPU autocast on an AMX CPU, in training, with out <= in / 2,
+    the weight's gradient from a transposed copy (NarrowGradLinear)."""
+    if _narrow_gradient(x, weight):
+        return NarrowGradLinear.apply(x, weight, bias)
+    if (
+        onednn
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.numel() // max(x.size(-1), 1) * weight.numel() >= MIN_MACS
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and type(weight) is nn.Parameter  # not an FSDP shard (a DTensor)
+    ):
+        return OneDnnLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
 
-    onednn = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if self._narrow_gradient(x):
-            return NarrowGradLinear.apply(x, w, self.bias)
-        if (
-            self.onednn
-            and x.dtype == torch.float32
-            and w.dtype == torch.float32
-            and x.device.type == "cpu"
-            and x.numel() // max(x.size(-1), 1) * w.numel() >= MIN_MACS
-            and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling()
-            and type(w) is nn.Parameter  # not an FSDP shard (a DTensor)
-        ):
-            return OneDnnLinear.apply(x, w, self.bias)
-        return F.linear(x, w, self.bias)
-
-    def _narrow_gradient(self, x: torch.Tensor) -> bool:
-        """NarrowGradLinear's conditions: a CPU training step under bf16 autocast, AMX (where the transposed operand
-        was measured slow), keep_mask.c's AVX-512 transpose, a float32 weight at least twice as wide in as out and a
-        multiple of 32 out, enough tokens."""
-        w = self.weight
-        if not (
-            cpu_bf16_autocast(x)
-            and torch.is_grad_enabled()
-            and w.requires_grad
-            and 2 * w.size(0) <= w.size(1)
-            and w.size(0) % 32 == 0  # whole tiles of the transpose (not a 65-character head)
-            and x.dim() >= 2
-            and x.numel() // max(x.size(-1), 1) >= MIN_TRANSPOSED_ROWS
-            and w.dtype == torch.float32
-            and type(w) is nn.Parameter  # not an FSDP shard (a DTensor)
-            and not torch.compiler.is_compiling()
-            and cpu_has_amx()
-        ):
-            return False
-        native = native_kernels()
-        return native is not None and native.fast_rows
+def _narrow_gradient(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """NarrowGradLinear's conditions: a CPU training step under bf16 autocast, AMX (where the transposed operand was
+    measured slow), cpu_kernels.c's AVX-512 transpose, a float32 weight at least twice as wide in as out and a
+    multiple of 32 out, enough tokens."""
+    if not (
+        cpu_bf16_autocast(x)
+        and torch.is_grad_enabled()
+        and w.requires_grad
+        and 2 * w.size(0) <= w.size(1)
+        and w.size(0) % 32 == 0  # whole tiles of the transpose (not a 65-character head)
+        and x.dim() >= 2
+        and x.numel() // max(x.size(-1), 1) >= MIN_TRANSPOSED_ROWS
+        and w.dtype == torch.float32
+        and type(w) is nn.Parameter  # not an FSDP shard (a DTensor)
+        and not torch.compiler.is_compiling()
+        and cpu_has_amx()
+    ):
+        return False
+    native = native_kernels()
+    return native is not None and native.fast_rows

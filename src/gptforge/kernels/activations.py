@@ -1,24 +1,21 @@
 """The MLP's squared-ReLU activation (relu2: nanochat's and modded-nanogpt's), one autograd step whose CPU passes
-are keep_mask.c's (model/native.py)."""
+are cpu_kernels.c's (kernels/native.py)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 from torch.nn import functional as F
 
-from gptforge.model.native import cpu_kernels
+from gptforge.kernels.native import cpu_kernels
 
 
-class ReLU2(nn.Module):
+def relu2(x: torch.Tensor) -> torch.Tensor:
     """relu(x)^2 (nanochat's and modded-nanogpt's MLP activation), as one autograd step (SquaredReLU)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return SquaredReLU.apply(x)
+    return SquaredReLU.apply(x)
 
 
 class SquaredReLU(torch.autograd.Function):
-    """relu(x)^2 in x's dtype. On a CPU, for a float32 or bf16 x, keep_mask.c's one pass each way (x kept, relu(x)
+    """relu(x)^2 in x's dtype. On a CPU, for a float32 or bf16 x, cpu_kernels.c's one pass each way (x kept, relu(x)
     recomputed backward); elsewhere `r * r` with r = relu(x) kept, and `(g * r).mul_(2)` backward: not square()
     (autocast would compute pow in float32 and copy the widest activation of the block twice). The same bits both
     ways (torch's relu leaves -0 and NaN as they are; g r rounded before the doubling)."""
@@ -48,6 +45,6 @@ class SquaredReLU(torch.autograd.Function):
 
 
 def _relu2_kernels(x: torch.Tensor):  # noqa: ANN202 - (forward, backward) or None
-    """keep_mask.c's relu(x)^2 for a plain CPU tensor of a dtype it has (float32, bf16), outside torch.compile."""
+    """cpu_kernels.c's relu(x)^2 for a plain CPU tensor of a dtype it has (float32, bf16), outside torch.compile."""
     native = cpu_kernels(x) if x.numel() else None
     return None if native is None else native.relu2.get(x.dtype)

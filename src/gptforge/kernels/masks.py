@@ -2,9 +2,9 @@
 mask, then a scale: dropout and its gradient). Torch and the standard library only.
 
 On a CPU a mask comes from a counter-based generator: one seed drawn from torch's generator, then SplitMix64 of
-seed + (j + 1) * golden gives 64-bit word j, four 16-bit values a word, one an element. keep_mask.c computes it
-(model/native.py builds, loads and checks it against `reference_keep`, the same arithmetic in torch operations in
-model/mask_reference.py, which draws the masks where no compiler is found: slower, the same masks). torch's own
+seed + (j + 1) * golden gives 64-bit word j, four 16-bit values a word, one an element. cpu_kernels.c computes it
+(kernels/native.py builds, loads and checks it against `reference_keep`, the same arithmetic in torch operations in
+kernels/reference.py, which draws the masks where no compiler is found: slower, the same masks). torch's own
 bernoulli and random_ draw one number at a time on one core (17-25% of a CPU step with dropout 0.2); the kernel is
 ~20x faster than the 8 parallel torch streams it replaced (docs/PERFORMANCE.md). On other devices the 16-bit values
 come from the device's own generator. The same file applies a mask to bf16 and float32 tensors in one pass, bit for
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from gptforge.model.mask_reference import keep_threshold, reference_keep, torch_masked
-from gptforge.model.native import native_kernel, native_kernels
+from gptforge.kernels.native import native_kernel, native_kernels
+from gptforge.kernels.reference import keep_threshold, reference_keep, torch_masked
 
 
 def keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
@@ -70,7 +70,7 @@ def fill_keep(keep: torch.Tensor, seed: int, threshold: int) -> None:
 
 def apply_mask(x: torch.Tensor, keep: torch.Tensor, scale: float = 1.0, out: torch.Tensor | None = None):
     """(x * as_ones(keep)) * scale, the product by the scale skipped at 1.0 (dropout on a drawn mask, and its
-    gradient): the same bits from keep_mask.c's one pass on contiguous bf16 / float32 CPU tensors (1.4-2.7x faster
+    gradient): the same bits from cpu_kernels.c's one pass on contiguous bf16 / float32 CPU tensors (1.4-2.7x faster
     than torch's conversions and products here, docs/lab/2026-11-26-zen5.md), from torch operations otherwise. `out` may
     be x. Under torch.compile torch's products, which the compiler fuses itself."""
     native = native_kernels() if x.device.type == "cpu" and not torch.compiler.is_compiling() else None

@@ -1,8 +1,8 @@
 """The dropout masks' arithmetic and the compiled kernels' references, in torch operations only: a mask's threshold
-and its SplitMix64 words (`reference_keep`: keep_mask.c's masks, which draws them where nothing is compiled), a
+and its SplitMix64 words (`reference_keep`: cpu_kernels.c's masks, which draws them where nothing is compiled), a
 mask as 1.0 / 0.0 (`as_ones`) and its application by torch's products (`torch_masked`), the bit comparison that
 tells torch's NaNs apart (`same_bits`), and float64 references of the compiled RMSNorm after rotary, causal softmax
-and LayerNorm, with the LayerNorm backward's chunks of rows (`layer_norm_chunks`). model/native_checks.py checks the
+and LayerNorm, with the LayerNorm backward's chunks of rows (`layer_norm_chunks`). kernels/checks.py checks the
 compiled kernels against them at load; tests use them too."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def splitmix_words(seed: int, first: int, count: int) -> torch.Tensor:
 
 
 def reference_keep(keep: torch.Tensor, seed: int, threshold: int) -> None:
-    """keep_mask.c's mask in torch operations, REFERENCE_WORDS words at a time: element i is kept when lane i % 4
+    """cpu_kernels.c's mask in torch operations, REFERENCE_WORDS words at a time: element i is kept when lane i % 4
     of word i / 4 (16 bits, little-endian, signed) is >= threshold."""
     n = keep.numel()
     for first in range(0, (n + 3) // 4, REFERENCE_WORDS):
@@ -88,7 +88,7 @@ def torch_masked(x: torch.Tensor, keep: torch.Tensor, scale: float, out: torch.T
 
 
 def rope_rms_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """keep_mask.c's rotary-then-RMSNorm in float64: x (B, H, T, hs) turned pairwise by (T, hs/2) angles
+    """cpu_kernels.c's rotary-then-RMSNorm in float64: x (B, H, T, hs) turned pairwise by (T, hs/2) angles
     (layers.rotate's rule), over the root mean square of x."""
     x, cos, sin = x.double(), cos.double(), sin.double()
     a, b = x.chunk(2, dim=-1)
@@ -97,7 +97,7 @@ def rope_rms_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ep
 
 
 def causal_softmax_reference(s: torch.Tensor, rows: int) -> torch.Tensor:
-    """keep_mask.c's causal softmax in float64: s (..., cols) in blocks of `rows` queries along its second-to-last
+    """cpu_kernels.c's causal softmax in float64: s (..., cols) in blocks of `rows` queries along its second-to-last
     dimension, each the last `rows` of `cols` positions (row i of a block sees keys 0 .. cols - rows + i)."""
     n, cols = s.size(-2), s.size(-1)
     seen = torch.arange(cols) <= (torch.arange(n) % rows + cols - rows)[:, None]
@@ -111,9 +111,9 @@ def layer_norm_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | Non
     return y if b is None else y + b.double()
 
 
-LN_CHUNK = 128  # keep_mask.c's LayerNorm backward sums the weight's gradient over chunks of this many rows
+LN_CHUNK = 128  # cpu_kernels.c's LayerNorm backward sums the weight's gradient over chunks of this many rows
 
 
 def layer_norm_chunks(rows: int) -> int:
-    """The chunks of rows keep_mask.c's LayerNorm backward needs scratch for (2 x n floats each)."""
+    """The chunks of rows cpu_kernels.c's LayerNorm backward needs scratch for (2 x n floats each)."""
     return (rows + LN_CHUNK - 1) // LN_CHUNK

@@ -1,14 +1,15 @@
-/* gptforge's compiled CPU kernels: dropout masks and their application (model/masks.py), a residual connection
+/* gptforge's compiled CPU kernels: dropout masks and their application (kernels/masks.py), a residual connection
  * with dropout (alone, or with the LayerNorm after it), a float32 + bf16 sum, RMSNorm (alone and after rotary),
- * LayerNorm into bf16 and relu(x)^2, forward and backward in one pass (model/layers.py), attention's causal softmax
- * with dropout (model/attention.py), and a 16-bit transpose (model/linear.py); model/native.py compiles this file
+ * LayerNorm into bf16 and relu(x)^2, forward and backward in one pass (kernels/norms.py, dropout.py, rotary.py,
+ * activations.py), attention's causal softmax with dropout (kernels/attention.py), and a 16-bit transpose
+ * (kernels/linear.py); kernels/native.py compiles this file
  * on first use and checks every function against torch's masks, torch's bits or float64 before using it. One
  * file, past the house's ~500 lines on purpose: one source is what native.py hashes, builds and caches, and the
  * kernels share its threading (IN_PARTS), its bf16 conversions and its AVX-512 helpers (FAST_ROWS).
  *
  * Dropout masks: keep[i] is lane i % 4 (16 bits, little-endian order) of word i / 4, read as a signed
  * 16-bit integer, compared with `threshold`; word j is SplitMix64's output for the state seed + (j + 1) * golden.
- * model/mask_reference.py computes the same masks with torch operations (the reference and fallback); the loop
+ * kernels/reference.py computes the same masks with torch operations (the reference and fallback); the loop
  * has no dependence between words, so the compiler vectorises it. */
 #include <math.h>
 #include <stddef.h>
@@ -18,7 +19,7 @@
 #include <omp.h>
 #endif
 
-/* Threads: built with -fopenmp (model/native.py does where the compiler can and torch runs on libgomp), every
+/* Threads: built with -fopenmp (kernels/native.py does where the compiler can and torch runs on libgomp), every
  * kernel splits its rows or elements across the OpenMP threads of the runtime torch itself runs on (the library
  * torch loaded answers to libgomp.so.1: one pool of threads, the ones torch's own operations use, never a second
  * one), as many as torch.get_num_threads() in the calling thread (omp_get_max_threads), fewer for small work
@@ -283,7 +284,7 @@ RMS_INVERSE(bf16)
     }
 
 /* LayerNorm over rows of n, float32 in, bf16 out: a block's norm under bf16 autocast, whose output feeds only a
- * Linear that would round torch's float32 output to bf16 itself (model/layers.py, LayerNorm). Per row: the mean,
+ * Linear that would round torch's float32 output to bf16 itself (kernels/norms.py, LayerNorm). Per row: the mean,
  * then the variance about it (both in RMS_LANES float32 partial sums, then in order; biased, as torch's), kept
  * with r = 1 / sqrt(var + eps) for backward; y = (x - mean) r w + b rounded once to bf16 (b may be NULL). The
  * backward reads the bf16 gradient g of y: dx = r (gw - mean(gw) - xhat mean(gw xhat)) in float32, gw = g w,
@@ -520,7 +521,7 @@ RMS_BACKWARD(bf16, bf16)
 ROPE_RMS(f32)
 ROPE_RMS(bf16)
 
-/* Causal softmax with dropout, for attention's query blocks in training (model/attention.py, CausalBlocks): rows
+/* Causal softmax with dropout, for attention's query blocks in training (kernels/attention.py, CausalBlocks): rows
  * [first, last) of scores (n, cols), contiguous, in blocks of `rows` queries that are the last `rows` of `cols`
  * positions, so row i of a block sees keys 0 .. cols - rows + i (the others get probability 0, as softmax gives the
  * -inf of the causal rule). Per row, in float32: the maximum (on float_order's integers, which vectorise), e =
@@ -768,7 +769,7 @@ CAUSAL_SOFTMAX(f32)
 CAUSAL_SOFTMAX(bf16)
 
 /* A 16-bit matrix transposed: dst (cols, rows) = src (rows, cols)^T, both contiguous, the rows split across
- * threads in multiples of 32 (model/linear.py: the weight's gradient of a layer whose output is narrow is the
+ * threads in multiples of 32 (kernels/linear.py: the weight's gradient of a layer whose output is narrow is the
  * product of the output's gradient transposed and the input, which oneDNN computes at twice the rate from a
  * contiguous transposed copy). With AVX-512 (FAST_ROWS) 32 x 32 tiles, a row of 32 per register, in five rounds
  * of two-register permutes (round s pairs rows h = 16 >> s apart and swaps their h-wide blocks); elsewhere the

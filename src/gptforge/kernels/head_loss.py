@@ -9,10 +9,30 @@ the logits' gradient at once, in float32, written back over the logits (docs/lab
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 CHUNK_ELEMENTS = 1 << 18  # float32 logits per chunk of rows: 1 MiB, inside a core's L2 cache
 MIN_VOCAB = 1024  # below, the plain expression is as fast (65 characters: 5-6 ms a step either way)
+
+
+def loss_without_logits(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    targets: torch.Tensor,
+    cap: float,
+    reduction: str,
+) -> torch.Tensor | None:
+    """Training's loss straight from the hidden states x (..., C), the logits never handed back: head_loss's chunks on
+    a CPU where head_loss_pays, compiled_loss's two kernels under torch.compile (head: the LM head's product, its
+    uncapped logits); None elsewhere, where the caller's logits and cross-entropy are nanoGPT's arithmetic."""
+    if head_loss_pays(x, weight.size(0), cap):
+        return head_loss(x, weight, targets, cap, reduction)
+    if torch.compiler.is_compiling():  # the loss's passes in as few kernels as inductor fuses
+        return compiled_loss(head(x), targets, cap, reduction)
+    return None
 
 
 def head_loss_pays(x: torch.Tensor, vocab: int, cap: float) -> bool:
