@@ -2,7 +2,8 @@
 
 With glibc's defaults every block above the (dynamic) mmap threshold is a fresh mapping and every large free
 unmaps it; a CPU training step frees and re-allocates its large activations, so each step page-faults them
-in again. On the 2-core EPYC machines that was ~40% of a baby-GPT step's wall time (docs/lab/2026-11-22-epyc-avx2.md).
+in again. On the 2-core EPYC machines that was a large share of a baby-GPT step's wall time
+(docs/lab/2026-11-22-epyc-avx2.md).
 `keep_freed_memory` turns that off for this process (mallopt) and for every process it starts (the same
 settings as GLIBC_TUNABLES in the environment: torchrun's ranks, data workers, subprocesses). The cost: the
 process keeps its high-water mark of memory until it exits.

@@ -242,7 +242,7 @@ def half_pays(dtype: str = "bfloat16") -> bool:
 
 
 def rates_said(dtype: str = "bfloat16") -> str:
-    """'bfloat16 products 150.1 GFLOP/s a core against float32's 78.6': the probe's two rates, as the lines that name an
+    """'bfloat16 products B GFLOP/s a core against float32's F': the probe's two rates, as the lines that name an
     automatic choice say them."""
     rates = cpu_product_rates(dtype)
     return f"{dtype} products {rates[dtype] / 1e9:,.1f} GFLOP/s a core against float32's {rates['float32'] / 1e9:,.1f}"

@@ -67,13 +67,12 @@ def resolve_device(name: str) -> str:
 
 def onednn_f32_pays(kind: dict[str, str | int | bool] | None = None) -> bool:
     """Where oneDNN's float32 matmul measured faster than torch's (MKL's): AMD processors of family 26 (Zen 5) and
-    later with AVX-512, where MKL runs its AVX2 code on full-width 512-bit units (Zen 5: ~450 against ~215 GFLOP/s
-    on 2 cores, a float32 training step 0.65-0.78x the time). Zen 4 (family 25) splits each 512-bit operation in two,
-    so AVX-512 has no more float32 throughput there than MKL's AVX2 code: not measured, it keeps torch's. So do
-    Intel's, where MKL has AVX-512 code, and AVX2-only processors (oneDNN's AVX2 kernels 0.9-1.2x MKL's on a Zen 5
-    with AVX-512 turned off; whole training steps there 0.97x the time for the baby speedrun, level for nanoGPT's
-    baby recipe: not worth leaving torch's arithmetic for; on a real Zen 1 EPYC the baby speedrun's step took 1.19-1.32x
-    as long with oneDNN). kind: cpu_kind()'s facts, this machine's by default."""
+    later with AVX-512, where MKL runs its AVX2 code on full-width 512-bit units (about twice MKL's rate there:
+    docs/lab/2026-11-26-zen5.md). Zen 4 (family 25) splits each 512-bit operation in two, so AVX-512 has no more
+    float32 throughput there than MKL's AVX2 code: not measured, it keeps torch's. So do Intel's, where MKL has
+    AVX-512 code, and AVX2-only processors (oneDNN's AVX2 kernels about level with MKL's: not worth leaving torch's
+    arithmetic for; slower on a real Zen 1 EPYC: docs/lab/2026-11-28-epyc-zen1.md). kind: cpu_kind()'s facts, this
+    machine's by default."""
     kind = kind if kind is not None else cpu_kind()
     family = str(kind["family"])
     full_width = family.isdigit() and int(family) >= 26
@@ -132,8 +131,8 @@ def resolve_compile(value: bool | str, device_type: str) -> bool:
 
 
 def resolve_fast_dropout(value: bool | str, device_type: str) -> bool:
-    """'auto' -> on for CPU, where torch's bernoulli masks cost 17-25% of a step with dropout 0.2; off on GPUs,
-    whose fused attention kernels draw their own masks."""
+    """'auto' -> on for CPU, where torch's bernoulli masks cost a large share of a step with dropout
+    (docs/PERFORMANCE.md); off on GPUs, whose fused attention kernels draw their own masks."""
     return device_type == "cpu" if value == "auto" else bool(value)
 
 

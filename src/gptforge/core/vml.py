@@ -10,9 +10,10 @@ first VML function a process called showed it here. A training step met it in Ad
 embedding's values took updates ~1e-4 off (relative) instead of ~1e-6, and a run no longer equalled the same run in
 another process (tests/test_sft.py's resume test failed about one time in four under load; OMP_NUM_THREADS=1 never).
 
-`warm_vml` calls each of them once, on one value of each dtype, on the calling thread (1.7 ms); the kernels are
-picked then, and every thread gets the accurate one afterwards: 0 of 100 forked processes against 7-8 of 100 without
-(tests/test_vml.py). The `gptforge.model` package calls it on import, before anything can reach a parallel op.
+`warm_vml` calls each of them once, on one value of each dtype, on the calling thread (a few milliseconds); the
+kernels are picked then, and every thread gets the accurate one afterwards (tests/test_vml.py counts forked
+processes with and without it; docs/lab/2026-11-27-amx.md). The `gptforge.model` and `gptforge.kernels` packages
+call it on import, before anything can reach a parallel op.
 Harmless where torch has no MKL: the same ops on one value."""
 
 from __future__ import annotations

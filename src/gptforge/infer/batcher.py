@@ -119,7 +119,7 @@ class Batcher:
     """The model's loop: `submit(request)`, `cancel(request)`, `close()` (finishes what was submitted first). It runs
     in a thread of its own, or with thread=False in whichever thread calls `run()`: `gptforge serve` runs it in the
     main thread, where torch's OpenMP kernels run at full speed (from other threads a small model's step takes
-    1.5-2x as long: measured on 2 cores, docs/lab/2026-11-25-serve.md)."""
+    longer: docs/lab/2026-11-25-serve.md)."""
 
     def __init__(self, lm: LoadedModel, max_batch: int = 16, thread: bool = True):
         self.lm, self.max_batch = lm, max_batch
@@ -283,7 +283,7 @@ class Batcher:
 class Mailbox:
     """Events from the model's thread to the requests' queues on the event loop: those of one model step (a token
     for each row) are posted, then delivered together after the step, with one wake-up of the loop instead of one per
-    event (each a write to the loop's pipe: 11% of a bf16 step's time with 8 rows, profiled)."""
+    event (each a write to the loop's pipe, a visible share of a small model's step: docs/lab/2026-11-25-serve.md)."""
 
     def __init__(self):
         self.loop: Any = None  # the asyncio event loop the queues belong to

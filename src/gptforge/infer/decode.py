@@ -46,7 +46,8 @@ class WholeCache:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """One query per row over all max_len keys, written out: two batched matrix-vector products and a softmax
-        (in float32) that the compiler fuses; SDPA's CPU kernel took ~6x as long in bf16 with 8 rows."""
+        (in float32) that the compiler fuses; SDPA's CPU kernel took several times as long in bf16 with a few rows
+        (docs/lab/2026-11-25-serve.md)."""
         scores = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5  # (B, nh, 1, max_len)
         weights = scores.float().masked_fill(~mask, float("-inf")).softmax(dim=-1)
         return weights.to(v.dtype) @ v  # (B, nh, 1, hs)

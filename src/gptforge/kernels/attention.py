@@ -74,12 +74,11 @@ def attend(
 def own_attention_pays(q: torch.Tensor) -> bool:
     """Whether attention without dropout goes through `attention` instead of SDPA's fused kernel: on a CPU in bf16,
     T <= OWN_ATTENTION_MAX_T, not compiled; in training, and in evaluation too except on a CPU with AMX (no KV cache:
-    the caller decides). There the fused kernel is slow in bf16: one layer forward + backward, (24, 6, 256, 64), 78
-    ms against 38; at T 512 132 against 58; with packed documents' mask (16, 4, 256, 64) 31 against 16; the forward
-    alone (64, 6, 256, 64) 43 against 23 (a Zen 5 EPYC). On an AMX Xeon the fused kernel's forward is the faster
-    (nanoGPT's baby recipe's evaluation 414 against 503 ms, the baby speedrun's 202 against 229) and its training
-    step the slower (895 against 725 ms): q without gradients (evaluation, no_grad) takes it there. The scores are
-    materialised, (B, nh, T, T), so longer sequences keep SDPA; in float32 it ties or wins (docs/PERFORMANCE.md).
+    the caller decides). There the fused kernel is slow in bf16, about twice this path's time forward and backward,
+    with or without packed documents' mask (docs/lab/2026-11-25-epyc-bf16.md). On an AMX Xeon the fused
+    kernel's forward is the faster and its training step the slower (docs/lab/2026-11-27-amx.md): q without
+    gradients (evaluation, no_grad) takes it there. The scores are materialised, (B, nh, T, T), so longer sequences
+    keep SDPA; in float32 it ties or wins.
     q: the queries (B, nh, T, hs) or the projection (B, T, 3 C) they come from: T is the second-to-last dimension."""
     return (
         q.device.type == "cpu"

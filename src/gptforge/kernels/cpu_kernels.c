@@ -163,8 +163,8 @@ void gptforge_masked_f32(const float *x, const uint8_t *restrict keep, float *ou
 }
 
 /* The bf16 residual dropout's whole 32-element chunks of [lo, hi) (lo a multiple of 4) with AVX-512, the portable
- * loop's operations in its order: it returns where the portable loop goes on. 3.3-3.8 -> 2.6 ms on 16384 x 384
- * (AMX Xeon, 2 threads); the backward, one product a value, gained nothing this way. */
+ * loop's operations in its order: it returns where the portable loop goes on (docs/lab/2026-11-27-amx.md); the
+ * backward, one product a value, gained nothing this way. */
 #if FAST_ROWS
 static int64_t residual_fast_bf16(const float *x, const uint16_t *y, uint8_t *keep, float *out, int64_t lo,
                                   int64_t hi, uint64_t seed, int32_t threshold, float scale) {
@@ -564,8 +564,8 @@ static inline float order_float(int32_t k) {
  * built without AVX-512 bit for bit), in 512-bit registers that the compiler's own vectorisation of those loops
  * (256-bit, one draw at a time) does not reach: the maximum on bf16's ordered integers 32 at a time, reduced in
  * registers; e^x with scalef for the 2^n; 8 mask words at a time (draw32), their comparison giving the kept lanes
- * as a bit mask that both the mask bytes and att use; the dot product of the backward in 16 lanes. 2.0x the
- * portable loop forward and 1.4x backward on (384, 128, 256) blocks (AMX Xeon, 2 threads). */
+ * as a bit mask that both the mask bytes and att use; the dot product of the backward in 16 lanes
+ * (docs/lab/2026-11-27-amx.md). */
 #if FAST_ROWS
 #define SOFTMAX_FAST_bf16(cols) ((cols) % 32 == 0)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 CHUNK_ELEMENTS = 1 << 18  # float32 logits per chunk of rows: 1 MiB, inside a core's L2 cache
-MIN_VOCAB = 1024  # below, the plain expression is as fast (65 characters: 5-6 ms a step either way)
+MIN_VOCAB = 1024  # below, the plain expression is as fast (docs/lab/2026-11-25-epyc-bf16.md)
 
 
 def loss_without_logits(
@@ -42,9 +42,9 @@ def head_loss_pays(x: torch.Tensor, vocab: int, cap: float) -> bool:
 
 
 def head_loss_used(device_type: str, vocab: int, autocast: bool, cap: float) -> bool:
-    """On a CPU (a 4,096-token vocabulary, 4,096 tokens: 265 against 140 ms, forward + backward of the head, bf16;
-    GPT-2's 50,304: 1.4x), with a vocabulary of MIN_VOCAB or more, under autocast or with a soft-cap. float32
-    without one is nanoGPT's arithmetic: torch's expression stays, rounding for rounding."""
+    """On a CPU (about half the time of the head's plain forward + backward at a 4,096-token vocabulary in bf16:
+    docs/lab/2026-11-25-epyc-bf16.md), with a vocabulary of MIN_VOCAB or more, under autocast or with a soft-cap.
+    float32 without one is nanoGPT's arithmetic: torch's expression stays, rounding for rounding."""
     return device_type == "cpu" and vocab >= MIN_VOCAB and (autocast or cap > 0)
 
 

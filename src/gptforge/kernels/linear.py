@@ -2,7 +2,7 @@
 weight gradient on an AMX CPU can come from a transposed copy. Torch only (and cpu_kernels.c's transpose).
 
 torch multiplies float32 matrices on a CPU with MKL, and MKL takes its AVX2 code on AMD processors even where they
-have AVX-512: on a Zen 5 EPYC ~215 GFLOP/s on 2 cores, against ~450 for oneDNN's AVX-512 kernels, which torch ships
+have AVX-512: on a Zen 5 EPYC about half the rate of oneDNN's AVX-512 kernels, which torch ships
 too and which pick their code by the CPU's features alone (docs/lab/2026-11-26-zen5.md). With `onednn` set (the
 model's Linear modules carry it) and a float32 product on a CPU outside autocast and torch.compile, `linear` computes
 the product and both gradients with oneDNN's matmul (`core.cpu.onednn_nt`). They are the same sums in another order:
@@ -63,9 +63,9 @@ class OneDnnLinear(torch.autograd.Function):
 class NarrowGradLinear(torch.autograd.Function):
     """y = x @ weight.T + bias under bf16 CPU autocast: forward F.linear's own product on the values autocast
     rounds to bf16 (the same bits), backward x's gradient as torch's (the same product) and the weight's as
-    transpose(g) @ x with the output's gradient g (tokens, out) copied transposed by cpu_kernels.c first. On an AMX
-    Xeon oneDNN's product of the transposed view g^T and x ran at ~960 GFLOP/s, from the contiguous copy at ~1,700:
-    for 16,384 tokens of 1,536 -> 384, 20.0 ms against 11.5 + 2.2 for the copy. The same sums in another order: the
+    transpose(g) @ x with the output's gradient g (tokens, out) copied transposed by cpu_kernels.c first: on an AMX
+    Xeon oneDNN's product takes the transposed view g^T at about half the rate of a contiguous copy, copy included
+    (docs/lab/2026-11-27-amx.md). The same sums in another order: the
     weight's gradient is torch's to bf16 rounding, not bit for bit (the bias's likewise: summed over the tokens)."""
 
     @staticmethod

@@ -5,9 +5,9 @@ On a CPU a mask comes from a counter-based generator: one seed drawn from torch'
 seed + (j + 1) * golden gives 64-bit word j, four 16-bit values a word, one an element. cpu_kernels.c computes it
 (kernels/native.py builds, loads and checks it against `reference_keep`, the same arithmetic in torch operations in
 kernels/reference.py, which draws the masks where no compiler is found: slower, the same masks). torch's own
-bernoulli and random_ draw one number at a time on one core (17-25% of a CPU step with dropout 0.2); the kernel is
-~20x faster than the 8 parallel torch streams it replaced (docs/PERFORMANCE.md). On other devices the 16-bit values
-come from the device's own generator. The same file applies a mask to bf16 and float32 tensors in one pass, bit for
+bernoulli and random_ draw one number at a time on one core, a large share of a CPU step with dropout; the kernel
+draws on every core, many times faster (docs/lab/2026-11-25-zen5.md). On other devices the 16-bit values come from
+the device's own generator. The same file applies a mask to bf16 and float32 tensors in one pass, bit for
 bit as torch's products.
 """
 
@@ -70,9 +70,9 @@ def fill_keep(keep: torch.Tensor, seed: int, threshold: int) -> None:
 
 def apply_mask(x: torch.Tensor, keep: torch.Tensor, scale: float = 1.0, out: torch.Tensor | None = None):
     """(x * as_ones(keep)) * scale, the product by the scale skipped at 1.0 (dropout on a drawn mask, and its
-    gradient): the same bits from cpu_kernels.c's one pass on contiguous bf16 / float32 CPU tensors (1.4-2.7x faster
-    than torch's conversions and products here, docs/lab/2026-11-26-zen5.md), from torch operations otherwise. `out` may
-    be x. Under torch.compile torch's products, which the compiler fuses itself."""
+    gradient): the same bits from cpu_kernels.c's one pass on contiguous bf16 / float32 CPU tensors (faster than
+    torch's conversions and products: docs/lab/2026-11-26-zen5.md), from torch operations otherwise. `out` may be
+    x. Under torch.compile torch's products, which the compiler fuses itself."""
     native = native_kernels() if x.device.type == "cpu" and not torch.compiler.is_compiling() else None
     function = native.masked.get(x.dtype) if native is not None else None
     if function is not None and keep.shape == x.shape and x.is_contiguous() and keep.is_contiguous():

@@ -28,7 +28,8 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 SWITCH = "GPTFORGE_NATIVE"  # 0 / off / false: no compiled kernel, masks by torch operations (the same masks)
 # -fno-math-errno: sqrtf as one instruction, no libm. -fno-trapping-math: branches such as relu's `v < 0 ? 0 : v`
 # become vector selects without AVX-512's masked stores (an AVX2-only CPU's build kept relu(x)^2 a scalar loop with a
-# branch, 14x slower); the values are IEEE's either way, only floating-point exception flags are not kept
+# branch: docs/lab/2026-11-27-amx.md); the values are IEEE's either way, only floating-point exception flags
+# are not kept
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fno-math-errno", "-fno-trapping-math")
 
 # the compiled kernels: looked for once per process ([Native] or [None])

@@ -74,8 +74,8 @@ ONE_BITS = {
 
 def as_ones(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The bool mask as 1.0 / 0.0 of `dtype`, made with integer arithmetic (each byte times the bits of 1.0).
-    On CPUs torch.where(keep, x, 0), masked_fill and a bool's conversion to a float type are single-pass
-    kernels 3-7x the time of this and one multiplication (docs/lab/2026-11-25-epyc-bf16.md)."""
+    On CPUs torch.where(keep, x, 0), masked_fill and a bool's conversion to a float type are single-pass kernels
+    several times slower than this and one multiplication (docs/lab/2026-11-25-epyc-bf16.md)."""
     ints, one = ONE_BITS[dtype]
     return keep.view(torch.uint8).to(ints).mul_(one).view(dtype)
 
