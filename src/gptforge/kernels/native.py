@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -112,87 +112,65 @@ def _load() -> tuple[Native | None, str]:
     return native, ""
 
 
+_P, _I, _U, _S, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float
+
+
+def _typed(library: ctypes.CDLL, name: str, argtypes: list, restype: Any = None) -> Callable[..., Any]:
+    """library's function `name` with its argument and result types set."""
+    function = getattr(library, name)
+    function.argtypes, function.restype = argtypes, restype
+    return function
+
+
+def _each_dtype(library: ctypes.CDLL, name: str, forward: list, backward: list) -> dict[torch.dtype, tuple]:
+    """The forward and backward functions gptforge_{name}_{dtype} and gptforge_{name}_back_{dtype}, by dtype."""
+    return {
+        dtype: (
+            _typed(library, f"gptforge_{name}_{c}", forward),
+            _typed(library, f"gptforge_{name}_back_{c}", backward),
+        )
+        for dtype, c in _C_NAMES.items()
+    }
+
+
 def bind(library: ctypes.CDLL) -> Native:
     """A loaded build of cpu_kernels.c's functions with their argument types, as Native (not yet checked: the
     caller runs failed_check). AttributeError where the library lacks one."""
-    keep, bf16, f32 = library.gptforge_keep_mask, library.gptforge_masked_bf16, library.gptforge_masked_f32
-    keep.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32]
-    for function in (keep, bf16, f32):
-        function.restype = None
-    for function in (bf16, f32):
-        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float]
-    rms, rms_back = {}, {}
-    for pair in RMS_PAIRS:
-        rms[pair] = getattr(library, "gptforge_rms_{}_{}".format(*(_C_NAMES[d] for d in pair)))
-        rms[pair].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float]
-    for pair in RMS_BACK_PAIRS:
-        rms_back[pair] = getattr(library, "gptforge_rms_back_{}_{}".format(*(_C_NAMES[d] for d in pair)))
-        rms_back[pair].argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-    rope_rms = {}
-    for dtype, name in _C_NAMES.items():
-        forward, backward = (
-            getattr(library, f"gptforge_rope_rms_{name}"),
-            getattr(library, f"gptforge_rope_rms_back_{name}"),
-        )
-        forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float]
-        backward.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 10
-        rope_rms[dtype] = (forward, backward)
-    softmax = {}
-    for dtype, name in _C_NAMES.items():
-        forward, backward = (
-            getattr(library, f"gptforge_causal_softmax_{name}"),
-            getattr(library, f"gptforge_causal_softmax_back_{name}"),
-        )
-        forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_uint64, ctypes.c_int32]
-        forward.argtypes += [ctypes.c_void_p]  # set to 1 where a thread's row buffer could not be allocated
-        backward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
-        softmax[dtype] = (forward, backward)
-    threads = library.gptforge_threads
-    threads.argtypes, threads.restype = [], ctypes.c_int
-    layer_norm = (library.gptforge_layer_norm_f32_bf16, library.gptforge_layer_norm_back_bf16_f32)
-    layer_norm[0].argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_float]
-    layer_norm[1].argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2
-    residual = {}
-    for dtype, name in _C_NAMES.items():
-        forward, backward = (
-            getattr(library, f"gptforge_residual_dropout_{name}"),
-            getattr(library, f"gptforge_residual_dropout_back_{name}"),
-        )
-        forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float]
-        backward.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_float]
-        residual[dtype] = (forward, backward)
-    relu2 = {}
-    for dtype, name in _C_NAMES.items():
-        relu2[dtype] = (getattr(library, f"gptforge_relu2_{name}"), getattr(library, f"gptforge_relu2_back_{name}"))
-        relu2[dtype][0].argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64]
-        relu2[dtype][1].argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
-    add_bf16 = library.gptforge_add_bf16
-    add_norm = (library.gptforge_add_norm_bf16, library.gptforge_add_norm_back_bf16)
-    add_norm[0].argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 2 + [ctypes.c_uint64, ctypes.c_int32]
-    add_norm[0].argtypes += [ctypes.c_float] * 2
-    add_norm[1].argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int64] * 2 + [ctypes.c_float]
-    add_bf16.argtypes, add_bf16.restype = [ctypes.c_void_p] * 3 + [ctypes.c_int64], None
-    transpose, fast_rows = library.gptforge_transpose16, library.gptforge_fast_rows
-    transpose.argtypes, transpose.restype = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2, None
-    fast_rows.argtypes, fast_rows.restype = [], ctypes.c_int
-    pairs = (*rope_rms.values(), *softmax.values(), layer_norm, *residual.values(), *relu2.values(), add_norm)
-    for function in (*rms.values(), *rms_back.values(), *(f for pair in pairs for f in pair)):
-        function.restype = None
+    masked = [_P, _P, _P, _I, _F]
+    rms = {
+        pair: _typed(library, "gptforge_rms_{}_{}".format(*(_C_NAMES[d] for d in pair)), [_P] * 3 + [_I] * 3 + [_F])
+        for pair in RMS_PAIRS
+    }
+    rms_back = {
+        pair: _typed(library, "gptforge_rms_back_{}_{}".format(*(_C_NAMES[d] for d in pair)), [_P] * 4 + [_I] * 3)
+        for pair in RMS_BACK_PAIRS
+    }
+    # the softmax's last pointer is set to 1 where a thread's row buffer could not be allocated
+    softmax = _each_dtype(library, "causal_softmax", [_P] * 4 + [_I] * 4 + [_U, _S, _P], [_P] * 4 + [_I] * 4)
     return Native(
-        keep,
-        {torch.bfloat16: bf16, torch.float32: f32},
-        rms,
-        rms_back,
-        rope_rms,
-        softmax,
-        threads,
-        layer_norm,
-        residual,
-        relu2,
-        add_bf16,
-        add_norm,
-        transpose,
-        bool(fast_rows()),
+        keep=_typed(library, "gptforge_keep_mask", [_P, _I, _U, _S]),
+        masked={
+            torch.bfloat16: _typed(library, "gptforge_masked_bf16", masked),
+            torch.float32: _typed(library, "gptforge_masked_f32", masked),
+        },
+        rms=rms,
+        rms_back=rms_back,
+        rope_rms=_each_dtype(library, "rope_rms", [_P] * 5 + [_I] * 7 + [_F], [_P] * 6 + [_I] * 10),
+        softmax=softmax,
+        threads=_typed(library, "gptforge_threads", [], ctypes.c_int),
+        layer_norm=(
+            _typed(library, "gptforge_layer_norm_f32_bf16", [_P] * 6 + [_I] * 2 + [_F]),
+            _typed(library, "gptforge_layer_norm_back_bf16_f32", [_P] * 9 + [_I] * 2),
+        ),
+        residual=_each_dtype(library, "residual_dropout", [_P] * 4 + [_I, _U, _S, _F], [_P] * 3 + [_I, _F]),
+        relu2=_each_dtype(library, "relu2", [_P] * 2 + [_I], [_P] * 3 + [_I]),
+        add_bf16=_typed(library, "gptforge_add_bf16", [_P] * 3 + [_I]),
+        add_norm=(
+            _typed(library, "gptforge_add_norm_bf16", [_P] * 9 + [_I] * 2 + [_U, _S] + [_F] * 2),
+            _typed(library, "gptforge_add_norm_back_bf16", [_P] * 12 + [_I] * 2 + [_F]),
+        ),
+        transpose=_typed(library, "gptforge_transpose16", [_P] * 2 + [_I] * 2),
+        fast_rows=bool(_typed(library, "gptforge_fast_rows", [], ctypes.c_int)()),
     )
 
 
