@@ -130,11 +130,21 @@ def allowed_stages(allowed: set[str]) -> set[str]:
     return {m.split(".")[0] for m in allowed}
 
 
-def test_every_stage_package_says_what_it_owns():
-    for stage in STAGES:
+def test_every_stage_package_says_what_it_owns_and_imports():
+    """Each stage's docstring says what it owns and ends with `Imports: A, B.`, the stages its modules import: the
+    real imports (any, lazy ones too) and the line must agree, so the docstring cannot drift from the code."""
+    problems = []
+    for stage in [*STAGES, "dashboard"]:
         init = SRC / stage / "__init__.py"
-        doc = ast.get_docstring(ast.parse(init.read_text()))
-        assert doc and len(doc) > 80, f"{init} needs a docstring: what the stage owns and what it may import"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert len(doc) > 80, f"{init} needs a docstring: what the stage owns and what it imports"
+        line = doc.splitlines()[-1]
+        assert line.startswith("Imports: ") and line.endswith("."), f"{init}: end the docstring with 'Imports: ...'"
+        said = set() if line == "Imports: nothing of gptforge." else set(line[len("Imports: ") : -1].split(", "))
+        used = {m.split(".")[0] for path in (SRC / stage).rglob("*.py") for m in package_imports(path)} - {"", stage}
+        if said != used:
+            problems.append(f"{stage}: says {sorted(said)}, imports {sorted(used)}")
+    assert not problems, problems
 
 
 def test_dashboard_never_imports_torch():

@@ -1,3 +1,4 @@
-"""Measurements: `speed` (`gptforge bench`: the training step's tokens/s, MFU and memory, generation and tokenizer
-timings) and `time_to_loss` (`bench --target_loss`: whole training runs raced to a val loss). Imports `train` and
-what is below it."""
+"""Measurements: `profile` (where one step's time goes), `speed` (`gptforge bench`: the training step's tokens/s, MFU
+and memory, generation and tokenizer timings) and `time_to_loss` (`bench --target_loss`: whole training runs raced
+to a val loss).
+Imports: core, data, infer, model, tokenizer, train."""

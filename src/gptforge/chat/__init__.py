@@ -3,4 +3,5 @@
 packing of rendered conversations into BOS-aligned rows with their document boundaries, written as numpy shards by
 `prepare_chat` (`pack`), offline synthetic tasks with exact answers and an exact-match scorer (`synthetic`), and the
 Jinja chat template that makes a Hugging Face GPT-2 tokenizer folder render the same ids and mask (`template`).
-Imports only `gptforge.core` and `gptforge.tokenizer` (transformers is never imported here)."""
+transformers is never imported here.
+Imports: core, tokenizer."""

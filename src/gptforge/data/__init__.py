@@ -1,5 +1,7 @@
-"""Datasets: the recipes that prepare them (prepare.py, shards.py) and the loaders that read them (loader.py).
-This module stays free of numpy and torch: the CLI reads the recipe names below to build its parser."""
+"""Datasets: the recipes that prepare them (`prepare`, `shards`, `chat_batches` for SFT's rows), the loaders that read
+them (`loader`), documents streamed from files (`sources`) and `gptforge prepare` (`command`). This module itself
+stays free of numpy and torch: the CLI reads the recipe names below to build its parser.
+Imports: chat, core, tokenizer."""
 
 RECIPES = ("shakespeare_char", "shakespeare", "text")  # held in memory: data/prepare.py
 SHARD_RECIPES = ("files", "openwebtext", "fineweb_edu")  # streamed into token shards: data/shards.py

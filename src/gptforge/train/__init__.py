@@ -3,4 +3,5 @@ checkpoint it continues or the weights it fine-tunes, its config resolved once, 
 `setup` (everything else built and checked before the first step and before anything is written), `parallel` (the
 model placed, sharded, compiled, wrapped), `runstate` (what a resume needs besides the weights, captured and
 restored side by side), `checkpointer` (which checkpoint files at which step), `metrics` (the run folder's records,
-the console line, the sinks) and `loop` (train, the loop, one step). Imports every stage below it."""
+the console line, the sinks) and `loop` (train, the loop, one step).
+Imports: core, dashboard, data, evaluate, infer, kernels, model, tokenizer, weights."""

@@ -1,3 +1,4 @@
 """Weights in and out of files: `checkpoint` (gptforge's checkpoint files: atomic save, safe load, rotation),
-`pretrained` (GPT-2 and NanoChat weights from the hub or a Hugging Face folder), `export` (a run as a Hugging Face
-folder). Imports `core`, `model` and `tokenizer`."""
+`pretrained` (GPT-2 and NanoChat weights from the hub or a Hugging Face folder), `load` (the model a command reads),
+`export` (a run as a Hugging Face folder, with its tokenizer and chat template).
+Imports: chat, core, data, model, tokenizer."""
