@@ -108,6 +108,7 @@ class ListBatches:
 def kept_rates(monkeypatch, folder: Path, **rates: float) -> None:
     """This process's CPU product rates (FLOP/s by dtype) as if the probe had measured them: written where
     core/cpu.py keeps them ($GPTFORGE_CACHE_DIR/product_rates.json, `folder`), under this machine's key."""
+    import functools
     import json
 
     from gptforge.core import cpu
@@ -116,7 +117,8 @@ def kept_rates(monkeypatch, folder: Path, **rates: float) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     entry = {"machines": {cpu.machine_key(): rates}}
     (folder / cpu.RATES_FILE).write_text(json.dumps(entry), encoding="utf-8")
-    cpu._known.cache_clear()
+    # a memo of its own for the test, so that nothing this process reads or measures meanwhile outlives it
+    monkeypatch.setattr(cpu, "_known", functools.cache(cpu._known.__wrapped__))
     monkeypatch.setattr(cpu, "product_seconds", lambda *a: pytest.fail("probed although the rates are kept"))
 
 

@@ -91,3 +91,18 @@ def test_auto_picks_the_format_whose_products_measure_faster(char_data, tmp_path
     assert out["default"]["peak_flops"] == max(out["device"]["matmul_ceiling_flops"].values())
     if held:  # emulated: its 2048-wide ceiling is not worth measuring, and MFU is against float32's
         assert list(out["device"]["matmul_ceiling_flops"]) == ["float32"]
+
+
+def test_rates_read_from_one_cache_folder_stay_with_it(tmp_path, monkeypatch):
+    """The process's memo of kept rates is per file: rates read (or measured) under one GPTFORGE_CACHE_DIR are not
+    what another folder's file holds, and nothing measured later writes one folder's rates into the other's file."""
+    from conftest import kept_rates
+    from gptforge.core import cpu
+
+    kept_rates(monkeypatch, tmp_path / "a", float32=1.6e11, bfloat16=2e9)
+    assert not cpu.half_pays()
+    kept_rates(monkeypatch, tmp_path / "b", float32=1.6e11, bfloat16=6e11)
+    assert cpu.half_pays() and cpu.cpu_product_rates()["float32"] == 1.6e11
+    monkeypatch.setenv("GPTFORGE_CACHE_DIR", str(tmp_path / "a"))
+    assert not cpu.half_pays()
+    assert json.loads((tmp_path / "b" / cpu.RATES_FILE).read_text())["machines"][cpu.machine_key()]["bfloat16"] == 6e11

@@ -168,10 +168,10 @@ def rates_file() -> str:
 
 
 @functools.cache
-def _known(key: str) -> dict[str, float]:
-    """The rates kept for `key` (this process adds to the dict it returns)."""
+def _known(path: str, key: str) -> dict[str, float]:
+    """The rates kept in file `path` for `key` (this process adds to the dict it returns)."""
     try:
-        with open(rates_file(), encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             entry = json.load(fh)["machines"][key]
         return {name: float(entry[name]) for name in DTYPES if isinstance(entry.get(name), (int, float))}
     except (OSError, ValueError, KeyError, TypeError):
@@ -182,11 +182,11 @@ def cpu_product_rates(*dtypes: str) -> dict[str, float]:
     """This CPU's PROBE_N-wide matrix-product rate (FLOP/s) in float32 and each of `dtypes`: read from rates_file(),
     else measured (_probe: products of each format in turn, the best rate of each, so that neither a process's slow
     first products nor a busy machine makes one format look slow against another) and kept there."""
-    known = _known(machine_key())
+    known = _known(rates_file(), machine_key())
     wanted = ("float32", *dtypes)
     if any(name not in known for name in wanted):
         known.update(_probe(wanted))
-        _keep(machine_key(), known)
+        _keep(rates_file(), machine_key(), known)
     return {name: known[name] for name in wanted}
 
 
@@ -213,13 +213,12 @@ def _probe(dtypes: tuple[str, ...]) -> dict[str, float]:
 def adopt_rates(rates: dict[str, float]) -> None:
     """Decide by `rates` from here on in this process: torchrun's ranks take rank 0's, so that every 'auto' comes out
     the same on all of them (each rank's own probe could fall either side of HALF_PAYS on a borderline CPU)."""
-    _known(machine_key()).update(rates)
+    _known(rates_file(), machine_key()).update(rates)
 
 
-def _keep(key: str, rates: dict[str, float]) -> None:
-    """Write `rates` under `key` into rates_file(), keeping the other machines' entries; a cache that cannot be
+def _keep(path: str, key: str, rates: dict[str, float]) -> None:
+    """Write `rates` under `key` into the file `path`, keeping the other machines' entries; a cache that cannot be
     written only costs the next process its probe."""
-    path = rates_file()
     try:
         with open(path, encoding="utf-8") as fh:
             machines = json.load(fh).get("machines", {})
