@@ -17,7 +17,6 @@ from gptforge.chat.pack import best_fit, fill_rows, pack_documents, plan_rows, r
 from gptforge.chat.prepare import pack_split, prepare_chat
 from gptforge.chat.render import chat_special_ids, render
 from gptforge.chat.synthetic import KINDS, generate, pseudo_words, score, split_of, words_from_text
-from gptforge.core.config import TrainConfig
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.evaluate.chat import chat_task
@@ -335,7 +334,7 @@ def test_synthetic_kinds_choose_the_tasks_and_their_shares(tmp_path, tiktoken_ca
     assert {tuple(ids) for split in ("train", "val") for ids, _ in documents_of(read_packed(folder, split))} == rendered
     meta = json.loads((tmp_path / "data" / "s" / "meta.json").read_text())
     assert meta["synthetic_kinds"] == ["add3", "recall"]
-    asked = chat_task(TrainConfig(task="sft", chat_eval_examples=6), DistEnv(), meta).keywords["examples"]
+    asked = chat_task(6, DistEnv(), meta).keywords["examples"]
     assert [e.kind for e in asked] == ["add3", "recall"] * 3  # SFT's evaluation asks the dataset's kinds
     r = run_cli(*args[:2], "--name=t", *args[3:], "--synthetic_kinds=add3,nope", cwd=tmp_path)
     assert r.returncode == 2 and "unknown synthetic task kinds ['nope']" in r.stderr

@@ -147,8 +147,8 @@ PROGRAM = textwrap.dedent(
     """
     import sys, torch
     from gptforge.model.gpt import GPT, GPTConfig
-    from gptforge.model.optim import configure_optimizer
-    muon = None if sys.argv[1] == "adamw" else {"lr": 0.02, "momentum": 0.95, "warmup": 10, "dtype": "float32"}
+    from gptforge.model.optim import MuonSettings, configure_optimizer
+    muon = None if sys.argv[1] == "adamw" else MuonSettings(lr=0.02, momentum=0.95, warmup=10, dtype="float32")
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=11, dropout=0.2, bias=False))
     model.use_fast_dropout(True)

@@ -44,17 +44,20 @@ GROUPS = [
         "tokenizer.spec",
     ),
     ("chat.conversations", "chat.render", "chat.synthetic", "chat.template", "chat.pack", "chat.prepare"),  # chat data
-    ("data", "data.sources", "tokenizer.train", "tokenizer.command"),  # documents in (and tokenizers trained on them)
+    # documents in (and tokenizers trained on them)
+    ("data", "data.options", "data.sources", "tokenizer.train", "tokenizer.options", "tokenizer.command"),
     ("data.chat_batches", "data.loader", "data.prepare", "data.shards", "data.command"),  # datasets in, batches out
-    ("weights.checkpoint", "weights.pretrained", "weights.load", "weights.export"),  # weights in and out of files
+    # weights in and out of files
+    ("weights.options", "weights.checkpoint", "weights.pretrained", "weights.load", "weights.export"),
     ("infer.options", "infer.engine", "infer.decode", "infer.sample"),  # using a model
     ("infer.textstream", "infer.sampling", "infer.chat_model", "infer.session", "infer.chat_cli"),  # talking to it
     ("infer.batcher", "infer.openai_api", "infer.serve_options", "infer.serve"),  # serving it
-    ("evaluate.loss", "evaluate.chat", "evaluate.hellaswag", "evaluate.harness_model", "evaluate.harness"),
+    ("evaluate.options", "evaluate.loss", "evaluate.chat", "evaluate.hellaswag", "evaluate.harness_model"),
+    ("evaluate.harness",),
     ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),
     ("train.start", "train.setup", "train.loop"),
-    ("bench.profile", "bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
-    ("cli.common_args", "cli.tokenizer_args", "cli.chat_args", "cli.args", "cli.bench_args", "cli.main"),  # the CLI
+    ("bench.options", "bench.profile", "bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
+    ("cli.parsers", "cli.handlers", "cli.args", "cli.main"),  # the CLI: options -> parsers, and who does the work
 ]
 STAGES = [
     "core",
@@ -81,7 +84,8 @@ DASHBOARD_MAY_USE = {
     "core.settings",
     "core.shape",
 }
-EXTRA = {"train.metrics": {"dashboard"}, "cli.main": {"dashboard"}}  # train's dashboard=True; `gptforge dashboard`
+# train's dashboard=True; `gptforge dashboard`'s options and server
+EXTRA = {"train.metrics": {"dashboard"}, "cli.handlers": {"dashboard"}, "cli.args": {"dashboard"}}
 
 
 def package_imports(path: Path) -> set[str]:

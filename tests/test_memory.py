@@ -12,7 +12,7 @@ from gptforge.core.memory import GB, check_fits, estimate_training_memory
 from gptforge.kernels.attention import saved_score_bytes
 from gptforge.kernels.head_loss import head_loss_used
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.optim import configure_optimizer
+from gptforge.model.optim import MuonSettings, configure_optimizer
 
 SHAPES = [
     dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=65, bias=False),
@@ -30,7 +30,7 @@ def test_parameters_and_states_are_the_real_ones(args, optimizer):
     optimizer's moments, in bytes."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**args))
-    muon = {"lr": 0.02, "momentum": 0.95, "warmup": 10} if optimizer == "muon" else None
+    muon = MuonSettings(lr=0.02, momentum=0.95, warmup=10) if optimizer == "muon" else None
     opt = configure_optimizer(model, 0.1, 1e-3, (0.9, 0.95), "cpu", muon)
     x = torch.randint(args["vocab_size"], (2, args["block_size"]))
     _, loss = model(x, x)

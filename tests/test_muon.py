@@ -14,7 +14,8 @@ from gptforge.core.errors import UserError
 from gptforge.model import muon
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.muon import CUBIC, MuonAdamW, orthogonalize
-from gptforge.model.optim import configure_optimizer, muon_dtype, muon_settings
+from gptforge.model.optim import configure_optimizer
+from gptforge.train.setup import muon_dtype, muon_settings
 
 
 def polar(g: torch.Tensor) -> torch.Tensor:

@@ -39,8 +39,9 @@ from gptforge.core.shape import model_args, model_vocab_size
 from gptforge.data.loader import read_meta
 from gptforge.infer.engine import generate
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.optim import accumulate_gradients, configure_optimizer, muon_settings
+from gptforge.model.optim import accumulate_gradients, configure_optimizer
 from gptforge.tokenizer.gpt2 import GPT2_VOCAB
+from gptforge.train.setup import muon_settings
 from gptforge.train.start import training_estimate
 
 
@@ -153,15 +154,8 @@ def bench_training(
     if compare:
         modes.append(Mode("baseline", cfg, device, vocab_size, fast=False))
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-    log(
-        f"model {default.raw.get_num_params() / 1e6:.2f}M params, {tokens_per_iter:,} tokens/iter on {device}; "
-        "modes: "
-        + ", ".join(
-            f"{m.name} ({m.dtype}{f' ({m.why})' if m.why else ''}, compile={m.compile}, fast_dropout={m.fast_dropout}"
-            f"{', onednn_f32=True' if m.onednn_f32 and m.dtype == 'float32' else ''})"
-            for m in modes
-        )
-    )
+    params = f"{default.raw.get_num_params() / 1e6:.2f}M params"
+    log(f"model {params}, {tokens_per_iter:,} tokens/iter on {device}; modes: {', '.join(map(describe_mode, modes))}")
     samples: dict[str, list[float]] = {dt: [] for dt in ceiling_dtypes(dev_type)}
 
     def sample_ceilings() -> None:
@@ -174,35 +168,51 @@ def bench_training(
     # process has read 1,877 to 2,571 bf16 GFLOP/s on an AMX Xeon), so it is sampled after every round, in the
     # same minutes as the timed steps, and the best sample counts
     peaks = {dt: max(rates) for dt, rates in samples.items()}
-    out: dict[str, Any] = {}
-    for m in modes:
-        dt = statistics.median(m.times)
-        flops = m.raw.flops_per_token() * tokens_per_iter
-        # train's MFU: against the machine's fastest ceiling, whatever format the mode runs in (on a CPU, the best
-        # one measured just above), so a slower choice reads lower
-        peak = peak_flops(device, cfg.peak_flops, measured=peaks)
-        out[m.name] = {
-            "ms_per_iter": dt * 1000,
-            "tokens_per_s": tokens_per_iter / dt,
-            "mfu": flops / dt / peak,
-            "peak_flops": peak,
-            "peak_mem_bytes": m.peak_mem,
-            "dtype": m.dtype,
-            "compile": m.compile,
-            "compile_s": m.compile_s,
-            "fast_dropout": m.fast_dropout,
-            "onednn_f32": m.onednn_f32,
-            "achieved_flops": flops / dt,
-        }
+    # train's MFU: against the machine's fastest ceiling, whatever format the mode runs in (on a CPU, the best one
+    # measured just above), so a slower choice reads lower
+    peak = peak_flops(device, cfg.peak_flops, measured=peaks)
+    out: dict[str, Any] = {m.name: mode_result(m, tokens_per_iter, peak) for m in modes}
     if profiled is not None:
         out["profile"] = profiled
     if compare:
         out["speedup"] = out["default"]["tokens_per_s"] / out["baseline"]["tokens_per_s"]
         out["baseline_is"] = BASELINE
+    out["device"] = device_info(device, peak, peaks, samples)
+    return out
+
+
+def describe_mode(m: Mode) -> str:
+    onednn = ", onednn_f32=True" if m.onednn_f32 and m.dtype == "float32" else ""
+    why = f" ({m.why})" if m.why else ""
+    return f"{m.name} ({m.dtype}{why}, compile={m.compile}, fast_dropout={m.fast_dropout}{onednn})"
+
+
+def mode_result(m: Mode, tokens_per_iter: int, peak: float) -> dict[str, Any]:
+    """One mode's figures: the median step's time, tokens/s and MFU against `peak`, and how it ran."""
+    dt = statistics.median(m.times)
+    flops = m.raw.flops_per_token() * tokens_per_iter
+    return {
+        "ms_per_iter": dt * 1000,
+        "tokens_per_s": tokens_per_iter / dt,
+        "mfu": flops / dt / peak,
+        "peak_flops": peak,
+        "peak_mem_bytes": m.peak_mem,
+        "dtype": m.dtype,
+        "compile": m.compile,
+        "compile_s": m.compile_s,
+        "fast_dropout": m.fast_dropout,
+        "onednn_f32": m.onednn_f32,
+        "achieved_flops": flops / dt,
+    }
+
+
+def device_info(device: str, peak: float, peaks: dict[str, float], samples: dict[str, list[float]]) -> dict[str, Any]:
+    """What the step ran on: the peak MFU is measured against, the measured product ceilings, threads, CPU or GPU."""
+    dev_type = device_type(device)
     kind = cpu_kind() if dev_type == "cpu" else {}
-    out["device"] = {
+    return {
         "name": device,
-        "peak_flops": out["default"]["peak_flops"],
+        "peak_flops": peak,
         "matmul_ceiling_flops": peaks,
         "matmul_ceiling_samples": samples,
         "cpu_product_rates": cpu_product_rates("bfloat16") if dev_type == "cpu" else {},
@@ -211,7 +221,6 @@ def bench_training(
         "cpu_kind": kind,
         "gpu": torch.cuda.get_device_name(device) if dev_type == "cuda" else "",
     }
-    return out
 
 
 def time_modes(

@@ -1,4 +1,5 @@
-"""The command line: `args` (one argparse parser per subcommand, each naming the handler that does its work), with
-`tokenizer_args`, `chat_args` and `bench_args` for those commands' own options, and `main` (the `gptforge` command:
-parse, then hand the work to the stage that does it, imported only then). Nothing imports it.
-Imports: bench, chat, core, data, infer, train."""
+"""The command line: `args` (the subcommands: each one's options class, kept by its stage, and handler), `parsers`
+(argparse's parsers built from an options class, and the parsed options checked), `handlers` (what each subcommand
+does: a thin function that imports its stage only when it runs) and `main` (the `gptforge` command: parse, then hand
+the options to the handler). Nothing imports it.
+Imports: bench, core, dashboard, data, evaluate, infer, tokenizer, train, weights."""

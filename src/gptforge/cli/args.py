@@ -1,21 +1,39 @@
-"""The command line's arguments: one argparse parser per subcommand, with its help texts and defaults, and for each
-the function that does its work (`handler`, a "module:function" name imported only when the command runs; with
-`options`, a dataclass built from the options first). `train` and `bench` take nanoGPT config files and
---key=value options instead (core/config.py)."""
+"""The command line's subcommands: COMMANDS names, for each, its options (a dataclass of settings, kept by its stage in
+a module of its own that imports no torch), the function that does its work (cli/handlers.py) and its help texts;
+build_parser makes argparse's parsers from them (cli/parsers.py). `train` and `bench` take nanoGPT config files and
+--key=value options (core/config.py) and are parsed by cli/main.py; bench's own options are BenchArgs."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from gptforge import __version__
-from gptforge.chat.synthetic import ALL_KINDS, KINDS
-from gptforge.cli.chat_args import add_chat, add_chat_template_options, add_serve
-from gptforge.cli.common_args import add_device, add_model_source
-from gptforge.cli.tokenizer_args import add_tokenizer
-from gptforge.core.config import CHOICES, FIELDS
-from gptforge.data import CHAT_RECIPE, RECIPES, SHARD_RECIPES
-from gptforge.infer.options import WINDOWS, SampleArgs
+from gptforge.bench.options import BenchArgs
+from gptforge.cli import handlers
+from gptforge.cli.parsers import add_options, formatter
+from gptforge.dashboard.options import DashboardArgs
+from gptforge.data.options import PrepareArgs
+from gptforge.evaluate.options import EvalChatArgs, EvalLossArgs, HellaswagArgs, LmEvalArgs
+from gptforge.infer.options import ChatArgs, SampleArgs, ServeArgs
+from gptforge.tokenizer.options import DecodeArgs, EncodeArgs, TokenizerStatsArgs, TokenizerTrainArgs
+from gptforge.weights.options import ExportArgs
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its options class and handler (the handler takes an object of the class), or its own
+    subcommands (`tasks`: eval, tokenizer), or neither (train, bench: parsed by cli/main.py); and its help texts."""
+
+    name: str
+    help: str
+    description: str | None = None
+    options: type | None = None
+    handler: Callable[[Any], None] | None = None
+    tasks: tuple[Command, ...] = ()
+
 
 TRAIN_USAGE = """usage: gptforge train [CONFIG_FILE ...] [--key=value | --key value ...]
 
@@ -27,256 +45,134 @@ override them, in order, the last one winning. Examples:
 
 config keys (--key=DEFAULT  (type)):
 """
-
-
-TOKENIZER_HELP = (
-    "char, gpt2, or an own tokenizer (`gptforge tokenizer train`: its name under tokenizers/, or its folder) for "
-    "recipes text (char when not given), shakespeare, the sharded recipes and chat (gpt2 when not given; chat "
-    "takes no char)"
+BENCH_USAGE = (
+    "gptforge bench [CONFIG_FILE ...] [--key=value ...] [--compare] [--json] [--iters N] [--warmup N] [--rounds N] "
+    "[--profile] [--generation] [--tokenizers[=TEXT_FILE]]\n"
+    "       gptforge bench CONFIG_FILE [--key=value ...] --target_loss=X [--compare=OTHER_CONFIG_FILE] "
+    "[--eval_every N] [--eval_tokens N] [--max_seconds S] [--json]"
 )
+BENCH = """Measure a config. By default: time its real training step (forward, backward, clipping, the optimizer, with
+its gradient accumulation) on random tokens after warm-up: ms/iter, tokens/s, MFU, peak memory; --compare also times
+nanoGPT's arithmetic (float32, eager, AdamW) as the baseline, --generation sampling speed, --tokenizers tokenisation
+speed. With --target_loss: time to quality, the config trained from scratch until its held-out val loss reaches X
+(and --compare=OTHER_CONFIG raced to the same target). Config files and --key=value work as for `gptforge train`."""
+CHAT = """Talk to a model in the terminal: a chat model (fine-tuned on conversations) answers each message,
+remembering the conversation (kept in the model's KV cache: a turn costs only its own tokens; when it outgrows the
+context the oldest exchanges are dropped, and you are told). A base model continues your text instead (completion
+mode; it says so at the start). Ctrl-C stops an answer, Ctrl-D or /quit leaves. Commands: /system TEXT,
+/temperature X, /top_p X, /clear, /save FILE, /load FILE, /help, /quit."""
+SERVE = """Serve a model over OpenAI's HTTP API (POST /v1/chat/completions and /v1/completions, streamed or not; GET
+/v1/models, /health) with a chat page at http://HOST:PORT/. Concurrent requests share each model step (continuous
+batching). Needs pip install 'gptforge[serve]'. Ctrl-C finishes the requests in flight, then exits."""
+PREPARE = """Tokenize a dataset into <data_dir>/<name>/: train.bin, val.bin and meta.json (shakespeare_char,
+shakespeare, text), or GPT-2 token shards <name>_<split>_NNNNNN.bin and meta.json (files, openwebtext, fineweb_edu;
+resumable: run the same command again)."""
+EXPORT = """Write <out_dir>/ckpt.pt (or --ckpt PATH) as a Hugging Face GPT-2 folder (config.json, model.safetensors
+and, for GPT-2 BPE runs, the tokenizer files) that transformers' GPT2LMHeadModel.from_pretrained and pipeline() load;
+a model with the nanochat switches on (rotary, rmsnorm, qk_norm, relu2, untie_head) as a NanoChat folder
+(NanoChatForCausalLM)."""
+LM_EVAL = """Score <out_dir>/ckpt.pt (or --ckpt PATH, or --init_from=gpt2) with lm-evaluation-harness (pip install
+'gptforge[eval]'), no export needed; prints lm-eval's table. The options are lm-eval's. Tasks load their datasets
+from the Hugging Face hub; offline, give --include_path with a task YAML over local files (README)."""
+EVAL_LOSS = """Measure <out_dir>/ckpt.pt (or --ckpt PATH, or GPT-2's weights) on a prepared dataset: the mean
+cross-entropy over --eval_iters batches per split and its perplexity. Prints one line per split to stdout. The
+batches come from a private generator seeded with --seed, so the same command gives the same figures."""
 
-
-class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """argparse's "(default: X)" after each help text, only where it tells the reader something, and once: not for
-    None (the help says what happens without the option), not for flags (giving the flag is the setting: --no_cache
-    would read "(default: True)"), not where the help states its own default."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.nargs == 0 or "(default:" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
-
-
-def formatter(prog: str) -> argparse.HelpFormatter:
-    return DefaultsFormatter(prog, max_help_position=30, width=110)
-
-
-def add_prepare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "prepare",
-        help="tokenize a dataset into data/<name>/ (train.bin/val.bin, or token shards)",
-        formatter_class=formatter,
-        description="Tokenize a dataset into <data_dir>/<name>/: train.bin, val.bin and meta.json "
-        "(shakespeare_char, shakespeare, text), or GPT-2 token shards <name>_<split>_NNNNNN.bin and "
-        "meta.json (files, openwebtext, fineweb_edu; resumable: run the same command again).",
-    )
-    p.add_argument("recipe", choices=[*RECIPES, *SHARD_RECIPES, CHAT_RECIPE], help="what to prepare")
-    p.add_argument(
-        "files",
-        nargs="*",
-        metavar="PATH",
-        help="input files: UTF-8 text (recipe 'text'); .jsonl, .jsonl.gz, .parquet, .txt files or folders "
-        "of them (recipe 'files')",
-    )
-    p.add_argument(
-        "--input",
-        dest="input_path",
-        default=None,
-        metavar="PATH",
-        help="local copy of the recipe's source (skips the download): a text file for the Shakespeare "
-        "recipes; for openwebtext / fineweb_edu a datasets save_to_disk folder or data files",
-    )
-    p.add_argument("--data_dir", default="data", help="folder that receives the dataset folder")
-    p.add_argument(
-        "--name",
-        default=None,
-        help="dataset name (folder <data_dir>/<name>); needed by 'text' and 'files', else the recipe's",
-    )
-    p.add_argument("--tokenizer", default=None, metavar="NAME_OR_FOLDER", help=TOKENIZER_HELP)
-    p.add_argument(
-        "--val_fraction",
-        type=float,
-        default=None,
-        help="share of the tokens held out for validation (shakespeare*, text; default: 0.1)",
-    )
-    p.add_argument(
-        "--text_field", default=None, help="field / column holding the text (sharded recipes; default: text)"
-    )
-    p.add_argument(
-        "--shard_size", type=int, default=None, help="tokens per shard (sharded recipes; default: 100,000,000)"
-    )
-    p.add_argument(
-        "--val_tokens",
-        type=int,
-        default=None,
-        help="the first documents go to val until it holds this many tokens (sharded recipes; default: 1,000,000)",
-    )
-    p.add_argument(
-        "--num_proc",
-        type=int,
-        default=None,
-        help="tokenizer worker processes (sharded recipes; default: the CPU count, at most 8)",
-    )
-    add_chat_prepare(p)
-    p.set_defaults(handler="gptforge.data.command:prepare_command")
-
-
-def add_sample(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "sample",
-        help="sample text from a trained run",
-        formatter_class=formatter,
-        description="Print samples from <out_dir>/ckpt.pt (or --ckpt PATH) to stdout, each followed "
-        "by a line of dashes.",
-    )
-    p.set_defaults(handler="gptforge.infer.sample:sample", options="gptforge.infer.options:SampleArgs")
-    choices = {"window": WINDOWS, "dtype": CHOICES["dtype"]}
-    for f in dataclasses.fields(SampleArgs):
-        doc = f.metadata["doc"]
-        if f.type == "bool":  # a switch that turns a default-on behaviour off
-            p.add_argument(f"--no_{f.name.removeprefix('use_')}", dest=f.name, action="store_false", help=doc)
-            continue
-        kind = {"int": int, "float": float}.get(f.type, str)
-        metavar = "PATH" if f.name == "ckpt" else None
-        p.add_argument(
-            f"--{f.name}", type=kind, default=f.default, choices=choices.get(f.name), help=doc, metavar=metavar
-        )
-
-
-def add_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "eval",
-        help="evaluate a trained run (hellaswag, loss, lm-eval, chat)",
-        formatter_class=formatter,
-        description="Evaluate <out_dir>/ckpt.pt (or --ckpt PATH) on a benchmark; the result goes to stdout.",
-    )
-    tasks = p.add_subparsers(dest="task", required=True)
-    t = tasks.add_parser(
+EVAL = (
+    Command(
         "hellaswag",
-        help="HellaSwag validation accuracy (acc, acc_norm)",
-        formatter_class=formatter,
-        description="Score <out_dir>/ckpt.pt (or --ckpt PATH) on HellaSwag's validation set, "
-        "completion style; prints one line: examples, acc and acc_norm. Works under torchrun "
-        "(sharded).",
-    )
-    t.set_defaults(handler="gptforge.evaluate.hellaswag:eval_hellaswag")
-    add_model_source(t, "score", "run folder holding ckpt.pt (a GPT-2 BPE run)")
-    t.add_argument(
-        "--hellaswag_path",
-        default=None,
-        help="local hellaswag_val.jsonl (default: download it once into $GPTFORGE_CACHE_DIR/hellaswag, "
-        "~/.cache/gptforge/hellaswag)",
-    )
-    t.add_argument("--limit", type=int, default=None, help="score only the first N examples (default: all 10,042)")
-    t.add_argument("--batch_size", type=int, default=4, help="examples per forward pass (4 sequences each)")
-    add_device(t)
-    add_lm_eval(tasks)
-    t = tasks.add_parser(
-        "loss",
-        help="loss and perplexity on a dataset's splits",
-        formatter_class=formatter,
-        description="Measure <out_dir>/ckpt.pt (or --ckpt PATH, or GPT-2's weights) on a prepared "
-        "dataset: the mean cross-entropy over --eval_iters batches per split and its perplexity. "
-        "Prints one line per split to stdout. The batches come from a private generator seeded "
-        "with --seed, so the same command gives the same figures.",
-    )
-    t.set_defaults(handler="gptforge.evaluate.loss:eval_loss")
-    add_model_source(t, "measure", "run folder holding ckpt.pt")
-    t.add_argument("--dataset", default=None, help="dataset folder name under --data_dir (default: the run's)")
-    t.add_argument("--data_dir", default=None, help="folder holding dataset folders (default: the run's, or data)")
-    t.add_argument("--split", default="val", choices=["val", "train", "both"], help="which split(s) to measure")
-    t.add_argument("--eval_iters", type=int, default=None, help="batches per split (default: the run's, or 200)")
-    t.add_argument("--batch_size", type=int, default=None, help="sequences per batch (default: the run's, or 8)")
-    t.add_argument(
-        "--block_size",
-        type=int,
-        default=None,
-        help="tokens per sequence (default: the run's; at most the model's block_size)",
-    )
-    add_device(t, seed_help="seed of the batch positions")
-    add_eval_chat(tasks)
-
-
-def add_eval_chat(tasks: argparse._SubParsersAction) -> None:
-    t = tasks.add_parser(
-        "chat",
-        help="a chat model's exact match on held-out synthetic tasks",
-        formatter_class=formatter,
-        description="A chat model (gptforge train --task=sft) answers held-out synthetic problems (never in a "
-        "training set) greedily; prints the exact match per kind and the share of answers ending with the end token.",
-    )
-    t.set_defaults(handler="gptforge.evaluate.chat:eval_chat")
-    add_model_source(t, "score", "run folder holding ckpt.pt (an SFT run)")
-    t.add_argument("--kinds", default="add3,recall", help="comma-separated task kinds: " + ",".join(ALL_KINDS))
-    t.add_argument("--examples", type=int, default=200, help="problems per kind")
-    t.add_argument("--max_new_tokens", type=int, default=48, help="longest answer generated")
-    add_device(t, seed_help="seed choosing the problems")
-
-
-def add_lm_eval(tasks: argparse._SubParsersAction) -> None:
-    t = tasks.add_parser(
+        "HellaSwag validation accuracy (acc, acc_norm)",
+        "Score <out_dir>/ckpt.pt (or --ckpt PATH) on HellaSwag's validation set, completion style; prints one line: "
+        "examples, acc and acc_norm. Works under torchrun (sharded).",
+        HellaswagArgs,
+        handlers.eval_hellaswag,
+    ),
+    Command(
         "lm-eval",
-        help="EleutherAI's lm-evaluation-harness tasks (hellaswag, arc_easy, piqa, ...)",
-        formatter_class=formatter,
-        description="Score <out_dir>/ckpt.pt (or --ckpt PATH, or --init_from=gpt2) with "
-        "lm-evaluation-harness (pip install 'gptforge[eval]'), no export needed; prints lm-eval's "
-        "table. The options are lm-eval's. Tasks load their datasets from the Hugging Face hub; "
-        "offline, give --include_path with a task YAML over local files (README).",
-    )
-    add_model_source(t, "score", "run folder holding ckpt.pt (a BPE run: GPT-2's or an own tokenizer's)")
-    t.set_defaults(handler="gptforge.evaluate.harness:eval_lm_eval")
-    t.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names")
-    t.add_argument("--num_fewshot", type=int, default=None, help="examples in each prompt (default: each task's)")
-    t.add_argument(
-        "--limit",
-        type=float,
-        default=None,
-        help="only the first N examples of each task (a number below 1: that fraction)",
-    )
-    t.add_argument("--batch_size", type=int, default=1, help="sequences per forward pass")
-    t.add_argument("--include_path", default=None, metavar="DIR", help="a folder of your own task YAML files")
-    t.add_argument("--output_path", default=None, metavar="FILE", help="write lm-eval's results as JSON to FILE")
-    t.add_argument(
-        "--log_samples",
-        action="store_true",
-        help="also put every example's requests and responses (log-likelihoods) in the JSON",
-    )
-    add_chat_template_options(t)
-    add_device(t, seed_help="seed of lm-eval's few-shot sampling and of any sampling in generation")
-
-
-def add_export_and_dashboard(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+        "EleutherAI's lm-evaluation-harness tasks (hellaswag, arc_easy, piqa, ...)",
+        LM_EVAL,
+        LmEvalArgs,
+        handlers.eval_lm_eval,
+    ),
+    Command("loss", "loss and perplexity on a dataset's splits", EVAL_LOSS, EvalLossArgs, handlers.eval_loss),
+    Command(
+        "chat",
+        "a chat model's exact match on held-out synthetic tasks",
+        "A chat model (gptforge train --task=sft) answers held-out synthetic problems (never in a training set) "
+        "greedily; prints the exact match per kind and the share of answers ending with the end token.",
+        EvalChatArgs,
+        handlers.eval_chat,
+    ),
+)
+TOKENIZER = (
+    Command(
+        "train",
+        "learn a vocabulary from files or folders of text",
+        "Learn a byte-level BPE vocabulary (the 256 bytes, the merges, then the reserved special tokens) from the text "
+        "of FILE_OR_FOLDERs and write it to tokenizers/NAME; prints the folder. Folders give their text files (.txt, "
+        ".md, .py, ...) and records (.jsonl, .jsonl.gz, .parquet), recursively.",
+        TokenizerTrainArgs,
+        handlers.tokenizer_train,
+    ),
+    Command(
+        "stats",
+        "bytes per token on a file, beside GPT-2's and char-level's",
+        "Encode FILE with the tokenizer and print bytes per token beside GPT-2's BPE and a character vocabulary's "
+        "(higher: fewer tokens for the same text).",
+        TokenizerStatsArgs,
+        handlers.tokenizer_stats,
+    ),
+    Command("encode", "print the ids of a text", None, EncodeArgs, handlers.tokenizer_encode),
+    Command("decode", "print the text of ids", None, DecodeArgs, handlers.tokenizer_decode),
+)
+COMMANDS = (
+    Command(
+        "prepare",
+        "tokenize a dataset into data/<name>/ (train.bin/val.bin, or token shards)",
+        PREPARE,
+        PrepareArgs,
+        handlers.prepare,
+    ),
+    Command(
+        "tokenizer",
+        "train an own byte-level BPE tokenizer on your text; measure it, encode, decode",
+        "Own byte-level BPE tokenizers, kept as folders under tokenizers/NAME (Hugging Face's tokenizer.json among "
+        "their files); `gptforge prepare ... --tokenizer NAME` then uses one.",
+        tasks=TOKENIZER,
+    ),
+    Command("train", "train a GPT (nanoGPT config files and --key=value options)"),
+    Command("bench", "time the training step: tokens/s, MFU, memory; --compare with the baseline"),
+    Command(
+        "sample",
+        "sample text from a trained run",
+        "Print samples from <out_dir>/ckpt.pt (or --ckpt PATH) to stdout, each followed by a line of dashes.",
+        SampleArgs,
+        handlers.sample,
+    ),
+    Command("chat", "talk to a model in the terminal", CHAT, ChatArgs, handlers.chat),
+    Command("serve", "serve a model over OpenAI's API, with a chat page", SERVE, ServeArgs, handlers.serve),
+    Command(
         "export",
-        help="write a run's model as a Hugging Face GPT-2 (or NanoChat) folder",
-        formatter_class=formatter,
-        description="Write <out_dir>/ckpt.pt (or --ckpt PATH) as a Hugging Face GPT-2 folder "
-        "(config.json, model.safetensors and, for GPT-2 BPE runs, the tokenizer files) that "
-        "transformers' GPT2LMHeadModel.from_pretrained and pipeline() load; a model with the "
-        "nanochat switches on (rotary, rmsnorm, qk_norm, relu2, untie_head) as a NanoChat folder "
-        "(NanoChatForCausalLM).",
-    )
-    p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt")
-    p.add_argument(
-        "--ckpt",
-        default=None,
-        metavar="PATH",
-        help="a checkpoint file to export instead of <out_dir>/ckpt.pt (e.g. out/model_05000.pt)",
-    )
-    p.add_argument(
-        "--to",
-        required=True,
-        default=argparse.SUPPRESS,
-        metavar="FOLDER",
-        help="the folder to create (it may exist if empty)",
-    )
-    p.add_argument("--force", action="store_true", help="replace FOLDER when it holds a previous export")
-    p.set_defaults(handler="gptforge.weights.export:export_run")
-    p = sub.add_parser(
+        "write a run's model as a Hugging Face GPT-2 (or NanoChat) folder",
+        EXPORT,
+        ExportArgs,
+        handlers.export,
+    ),
+    Command(
         "dashboard",
-        help="live web dashboard of training runs",
-        formatter_class=formatter,
-        description="Serve a live dashboard of the runs under FOLDERs: "
-        "each is a run folder (with metrics.jsonl) or holds run folders a few levels down.",
-    )
-    p.add_argument("folders", nargs="*", default=["."], metavar="FOLDER", help="run folders or folders of runs")
-    p.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 lets other machines read your runs"
-    )
-    p.add_argument(
-        "--port", type=int, default=FIELDS["dashboard_port"].default, help="port to listen on; 0 picks a free one"
-    )
-    p.set_defaults(handler="gptforge.dashboard.server:serve")
+        "live web dashboard of training runs",
+        "Serve a live dashboard of the runs under FOLDERs: each is a run folder (with metrics.jsonl) or holds run "
+        "folders a few levels down.",
+        DashboardArgs,
+        handlers.dashboard,
+    ),
+    Command(
+        "eval",
+        "evaluate a trained run (hellaswag, loss, lm-eval, chat)",
+        "Evaluate <out_dir>/ckpt.pt (or --ckpt PATH) on a benchmark; the result goes to stdout.",
+        tasks=EVAL,
+    ),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -285,52 +181,28 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prepare data, train, sample, evaluate, export, benchmark, watch runs in a dashboard.",
     )
     parser.add_argument("--version", action="version", version=f"gptforge {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_prepare(sub)
-    add_tokenizer(sub, formatter)
-    sub.add_parser("train", help="train a GPT (nanoGPT config files and --key=value options)", add_help=False)
-    sub.add_parser(
-        "bench", help="time the training step: tokens/s, MFU, memory; --compare with the baseline", add_help=False
-    )
-    add_sample(sub)
-    add_chat(sub, formatter)
-    add_serve(sub, formatter)
-    add_export_and_dashboard(sub)
-    add_eval(sub)
+    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND"), COMMANDS)
     return parser
 
 
-def add_chat_prepare(p: argparse.ArgumentParser) -> None:
-    """`gptforge prepare chat`'s own options (issue: conversations packed for SFT)."""
-    p.add_argument("--block_size", type=int, default=None, help="chat: tokens per training row (default: 256)")
-    p.add_argument(
-        "--include",
-        default=None,
-        metavar="RECIPES",
-        help="chat: comma-separated built-in conversations to add: chitchat (the chitchat-dataset package, 4,017 "
-        "human conversations), synthetic (offline tasks scored exactly: arithmetic, spelling, counting, recall, "
-        "system instructions)",
+def add_commands(sub: argparse._SubParsersAction, commands: tuple[Command, ...]) -> None:
+    """A parser per command, its arguments from its options class; the command itself is the parse's `chosen`."""
+    for command in commands:
+        if command.options is None and not command.tasks:  # train, bench: only listed here
+            sub.add_parser(command.name, help=command.help, add_help=False)
+            continue
+        p = sub.add_parser(command.name, help=command.help, formatter_class=formatter, description=command.description)
+        if command.tasks:
+            add_commands(p.add_subparsers(dest="task", required=True), command.tasks)
+        else:
+            add_options(p, command.options)
+            p.set_defaults(chosen=command)
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    """`gptforge bench`'s own options; everything else is a config file or key, as for `gptforge train`."""
+    p = argparse.ArgumentParser(
+        prog="gptforge bench", formatter_class=formatter, allow_abbrev=False, usage=BENCH_USAGE, description=BENCH
     )
-    p.add_argument(
-        "--synthetic_examples", type=int, default=None, help="chat: synthetic conversations (default: 20,000)"
-    )
-    p.add_argument(
-        "--synthetic_kinds",
-        default=None,
-        metavar="KINDS",
-        help="chat: the synthetic task kinds, taken in turn; a kind named twice comes twice as often (default: "
-        f"each once: {','.join(KINDS)}; also: {','.join(k for k in ALL_KINDS if k not in KINDS)})",
-    )
-    p.add_argument(
-        "--last_turn_only",
-        action="store_const",
-        const=True,
-        default=None,
-        help="chat: train on each conversation's last assistant turn only",
-    )
-    p.add_argument(
-        "--chat_format",
-        default=None,
-        choices=["openai", "sharegpt", "alpaca"],
-        help="chat: the files' format (default: detected per line)",
-    )
+    add_options(p, BenchArgs)
+    return p

@@ -1,20 +1,18 @@
-"""The `gptforge` command: parses each subcommand's arguments and hands them to the module that does the work,
-imported only then, so `gptforge --help` is instant. README has the commands; exit codes: 0 success, 2 a user
-error (one message on stderr, no traceback), 1 anything else (a bug: the traceback is kept)."""
+"""The `gptforge` command: parses each subcommand's arguments into its options (cli/args.py, cli/parsers.py) and
+hands them to the function that does the work (cli/handlers.py), whose stage is imported only then, so `gptforge
+--help` is instant. README has the commands; exit codes: 0 success, 2 a user error (one message on stderr, no
+traceback), 1 anything else (a bug: the traceback is kept)."""
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import inspect
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from gptforge.cli.args import TRAIN_USAGE, build_parser
-from gptforge.cli.bench_args import bench_parser
+from gptforge.bench.options import BenchArgs
+from gptforge.cli.args import TRAIN_USAGE, bench_parser, build_parser
+from gptforge.cli.parsers import parsed
 from gptforge.core.allocator import keep_freed_memory
 from gptforge.core.errors import UserError
 from gptforge.core.quick_exit import quick_exit
@@ -29,32 +27,9 @@ def run(argv: Sequence[str]) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    handler = load(args.handler)
-    if getattr(args, "options", None):  # the options as one object (e.g. SampleArgs), handed to the handler
-        handler(call(load(args.options), args))
-    else:
-        call(handler, args)
+    command = args.chosen  # the leaf subcommand (cli/args.py COMMANDS)
+    command.handler(parsed(command.options, args))
     return 0
-
-
-def load(name: str) -> Callable[..., Any]:
-    """'package.module:function' -> the function, importing its module only now."""
-    module, _, attr = name.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-# what argparse adds to every namespace besides the command's own options
-NOT_OPTIONS = frozenset({"command", "task", "handler", "options"})
-
-
-def call(func: Callable[..., Any], args: argparse.Namespace) -> Any:
-    """func(**the command's options): each option's name is one of func's parameters (tests/test_cli_dispatch.py
-    checks every subcommand); one that is not is a bug, never silently dropped."""
-    options = {k: v for k, v in vars(args).items() if k not in NOT_OPTIONS}
-    params = inspect.signature(func).parameters
-    unknown = sorted(set(options) - set(params))
-    assert not unknown, f"{func.__qualname__} takes no parameter for option(s) {unknown}"
-    return func(**options)
 
 
 def run_train(args: list[str]) -> int:
@@ -76,7 +51,8 @@ def run_bench(args: list[str]) -> int:
     # a bare --tokenizers means generated text and a bare --compare the baseline: a file is given only as
     # --tokenizers=FILE / --compare=FILE, so that a config file after either stays a config file
     args = [f"{arg}=" if arg in ("--tokenizers", "--compare") else arg for arg in args]
-    opts, rest = bench_parser().parse_known_args(args)
+    namespace, rest = bench_parser().parse_known_args(args)
+    opts = parsed(BenchArgs, namespace)
     from gptforge.core.config import load_config
 
     if opts.target_loss is not None and opts.target_bpb is not None:

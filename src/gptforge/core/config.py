@@ -17,10 +17,13 @@ from gptforge.core.aliases import ALIASES, EPOCH_NAMES, Given, derived_accumulat
 from gptforge.core.config_file import read_config_file
 from gptforge.core.errors import UserError
 from gptforge.core.files import CONFIG
-from gptforge.core.settings import below_one, check_fields, not_negative, port_number, positive, sections, setting
-from gptforge.core.shape import GELUS, WAS, ModelShape, check_shape
+from gptforge.core.settings import below_one, check_fields, not_negative, port_number, positive, setting
+from gptforge.core.settings import help_text as settings_help
+from gptforge.core.shape import WAS, ModelShape, check_shape
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's, on the Hugging Face hub: 124M-1558M
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # --dtype: here and in every command running a model
+LR_SCHEDULES = ("cosine", "linear", "constant", "wsd")  # lr_schedule's values: model/optim.py's get_lr computes each
 
 
 def _not_empty(value: str) -> str | None:
@@ -29,6 +32,11 @@ def _not_empty(value: str) -> str | None:
 
 def _share(value: float) -> str | None:
     return "must be in [0, 1] (the share of lr_decay_iters spent decaying)" if not 0.0 <= value <= 1.0 else None
+
+
+def _muon(default: Any, doc: str, check: Any = None, **meta: Any) -> Any:
+    """A setting only optimizer='muon' reads (MUON_ONLY: the run's header names one given to another optimizer)."""
+    return setting(default, f"optimizer='muon': {doc}", check, muon=True, **meta)
 
 
 def _model_source(value: str) -> str | None:
@@ -43,7 +51,7 @@ def _model_source(value: str) -> str | None:
 @dataclass(frozen=True)
 class TrainConfig(ModelShape):
     """Every run setting: the model's (ModelShape, core/shape.py) and these. Frozen: train resolves each 'auto' once,
-    into a new TrainConfig (dataclasses.replace). Each key carries its doc, its check and its --help section."""
+    into a new TrainConfig (dataclasses.replace). Each key carries its doc, choices, check and --help section."""
 
     out_dir: str = setting("out", "run folder: ckpt.pt, config.json, metrics.jsonl, log.txt", _not_empty, section="I/O")
     eval_interval: int = setting(2000, "optimizer steps between evaluations (val loss, checkpoint)", positive)
@@ -69,8 +77,10 @@ class TrainConfig(ModelShape):
     )
     resume: str = setting(
         "never",
-        "'auto': continue from the newest readable checkpoint in out_dir when there is one, else start as "
-        "init_from says (the same command starts and restarts a run: SLURM requeue, torchrun --max-restarts)",
+        "'never' (start as init_from says) or 'auto': continue from the newest readable checkpoint in out_dir when "
+        "there is one, else start as init_from says (the same command starts and restarts a run: SLURM requeue, "
+        "torchrun --max-restarts)",
+        choices=("never", "auto"),
     )
     wandb_log: bool = setting(False, "log metrics to Weights & Biases (pip install 'gptforge[wandb]')", section="wandb")
     wandb_project: str = setting("owt", "wandb project name")
@@ -96,17 +106,20 @@ class TrainConfig(ModelShape):
         "auto",
         "'random' (nanoGPT: random windows), 'sharded' (build-nanogpt: sequential over shards, rank-aware), "
         "'chat' (the packed rows of a chat dataset) or 'auto' (the one the dataset is made for)",
+        choices=("auto", "random", "sharded", "chat"),
     )
     task: str = setting(
         "pretrain",
         "'pretrain' (every next token is a target) or 'sft' (supervised fine-tuning on a chat dataset from "
         "`gptforge prepare chat`: the loss on the assistant's tokens only, packed conversations kept apart)",
+        choices=("pretrain", "sft"),
     )
     sft_loss: str = setting(
         "assistant",
         "task=sft: the targets trained on: 'assistant' (the chat mask: the assistant's answers and end tokens) or "
         "'all' (every token of each conversation, user turns and role tokens too: to compare, not to use); the "
         "val loss and the tasks' accuracy always score the assistant's tokens",
+        choices=("assistant", "all"),
     )
     total_batch_size: int = setting(
         0,
@@ -131,28 +144,26 @@ class TrainConfig(ModelShape):
         "adamw",
         "'adamw' (nanoGPT's) or 'muon': Muon (momentum, then an orthogonalised update) for the blocks' 2-D "
         "matrices at muon_lr, AdamW at learning_rate for embeddings, head and gains",
+        choices=("adamw", "muon"),
     )
-    muon_lr: float = setting(
-        0.02, "optimizer='muon': peak learning rate of the Muon matrices, scheduled as learning_rate", not_negative
-    )
-    muon_momentum: float = setting(0.95, "optimizer='muon': Nesterov momentum of the Muon matrices", below_one)
-    muon_warmup: int = setting(
-        300, "optimizer='muon': steps over which the Muon momentum rises from 0.85 to muon_momentum", not_negative
-    )
-    muon_dtype: str = setting(
+    muon_lr: float = _muon(0.02, "peak learning rate of the Muon matrices, scheduled as learning_rate", not_negative)
+    muon_momentum: float = _muon(0.95, "Nesterov momentum of the Muon matrices", below_one)
+    muon_warmup: int = _muon(300, "steps over which the Muon momentum rises from 0.85 to muon_momentum", not_negative)
+    muon_dtype: str = _muon(
         "auto",
-        "optimizer='muon': the dtype of the Newton-Schulz iterations: 'bfloat16', 'float32', or 'auto' (bfloat16 on "
-        "CUDA and on CPUs whose bf16 products measure >= 1.25x float32's, float32 elsewhere)",
+        "the dtype of the Newton-Schulz iterations: 'bfloat16', 'float32', or 'auto' (bfloat16 on CUDA and on CPUs "
+        "whose bf16 products measure at least 1.25x float32's, float32 elsewhere)",
+        choices=("auto", "float32", "bfloat16"),
     )
-    muon_split_qkv: bool = setting(
+    muon_split_qkv: bool = _muon(
         False,
-        "optimizer='muon': orthogonalise the attention's query, key and value matrices each on its own (modded-"
-        "nanogpt's way) instead of their fused c_attn matrix as one",
+        "orthogonalise the attention's query, key and value matrices each on its own (modded-nanogpt's way) instead "
+        "of their fused c_attn matrix as one",
     )
-    normuon: bool = setting(
+    normuon: bool = _muon(
         False,
-        "optimizer='muon': NorMuon (modded-nanogpt's): each neuron's share of the orthogonalised update divided by "
-        "the root of a running mean of its squares (0.95), the matrix then scaled back to its norm",
+        "NorMuon (modded-nanogpt's): each neuron's share of the orthogonalised update divided by the root of a "
+        "running mean of its squares (0.95), the matrix then scaled back to its norm",
     )
     max_bad_steps: int = setting(
         10,
@@ -170,6 +181,7 @@ class TrainConfig(ModelShape):
         "after warmup: 'cosine' (nanoGPT: cosine to min_lr at lr_decay_iters), 'linear' "
         "(straight to min_lr at lr_decay_iters), 'constant' (learning_rate) or 'wsd' "
         "(warmup-stable-decay: learning_rate, then linear to min_lr over the last decay_frac)",
+        choices=LR_SCHEDULES,
     )
     warmup_iters: int = setting(2000, "steps of linear warmup (every lr_schedule)", not_negative)
     lr_decay_iters: int = setting(
@@ -187,18 +199,25 @@ class TrainConfig(ModelShape):
         "with several processes: 'ddp' (a full copy per process) or 'fsdp' (FSDP2: parameters, "
         "gradients and optimizer state sharded per block, for models too big for one device)",
         section="system",
+        choices=("ddp", "fsdp"),
     )
-    backend: str = setting("nccl", "torch.distributed backend: 'nccl', 'gloo' or 'auto' (nccl on CUDA, else gloo)")
+    backend: str = setting(
+        "nccl",
+        "torch.distributed backend: 'nccl', 'gloo', 'mpi', 'ucc' or 'auto' (nccl on CUDA, else gloo)",
+        choices=("auto", "nccl", "gloo", "mpi", "ucc"),
+    )
     device: str = setting("cuda", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto' (cuda > mps > cpu)")
     dtype: str = setting(
         "auto",
-        "'float32', 'bfloat16', 'float16' (with a GradScaler) or 'auto' (CUDA: bf16 if supported, else "
-        "float16; CPU: bf16 where its products measure >= 1.25x float32's, n_embd >= cpu_bf16_min_width; MPS: "
-        "float32)",
+        "'float32', 'bfloat16', 'float16' (with a GradScaler) or 'auto' (CUDA: bf16 if supported, else float16; CPU: "
+        "bf16 where its products measure at least 1.25x float32's and n_embd >= cpu_bf16_min_width, else float32; "
+        "MPS: float32). A CPU run whose bf16 / fp16 products are emulated or slow says so in its header (sample, "
+        "chat, serve and eval on stderr)",
+        choices=DTYPE_CHOICES,
     )
     cpu_bf16_min_width: int = setting(
         256,
-        "dtype='auto' on a CPU whose bf16 products are faster: bfloat16 from this n_embd up, float32 below "
+        "dtype='auto' on a CPU whose bf16 products measure faster: bfloat16 from this n_embd up, float32 below "
         "(256 keeps nanoGPT's README-size command in nanoGPT's float32 arithmetic; the 128-wide speedrun sets 128)",
         positive,
     )
@@ -238,7 +257,7 @@ class TrainConfig(ModelShape):
     )
     tensorboard_log: bool = setting(False, "also write TensorBoard event files to out_dir/tensorboard")
     dashboard: bool = setting(False, "serve this run's live web dashboard on 127.0.0.1 (needs gptforge[dashboard])")
-    dashboard_port: int = setting(8765, "port of dashboard=True's dashboard; 0 = any free port", port_number)
+    dashboard_port: int = setting(8765, "port of the dashboard dashboard=True starts; 0 = any free port", port_number)
     seed: int = setting(1337, "random seed; each process adds its rank", section="gptforge's own")
     peak_flops: float = setting(
         0.0, "peak FLOP/s for MFU; 0 = the machine's fastest product (GPU: a table, CPU: measured)", not_negative
@@ -247,19 +266,8 @@ class TrainConfig(ModelShape):
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
-CHOICES = {  # the one list of each key's accepted values (device, optim and the CLI read them here)
-    "dtype": ("auto", "float32", "bfloat16", "float16"),
-    "backend": ("auto", "nccl", "gloo", "mpi", "ucc"),
-    "data_loader": ("auto", "random", "sharded", "chat"),
-    "task": ("pretrain", "sft"),
-    "sft_loss": ("assistant", "all"),
-    "parallel": ("ddp", "fsdp"),
-    "lr_schedule": ("cosine", "linear", "constant", "wsd"),
-    "optimizer": ("adamw", "muon"),
-    "muon_dtype": ("auto", "float32", "bfloat16"),
-    "resume": ("never", "auto"),
-    "gelu": GELUS,
-}
+CHOICES = {name: f.metadata["choices"] for name, f in FIELDS.items() if f.metadata["choices"]}  # from the fields
+MUON_ONLY = tuple(name for name, f in FIELDS.items() if f.metadata.get("muon"))  # what only optimizer='muon' reads
 
 
 def load_config(args: Sequence[str], base: TrainConfig | None = None) -> TrainConfig:
@@ -361,13 +369,7 @@ def validate(cfg: TrainConfig) -> None:
 
 def help_text() -> str:
     """Every key with its type, default and meaning, by section, for `gptforge train --help`."""
-    default = TrainConfig()
-    lines = []
-    for title, fields in sections(TrainConfig):
-        lines.append(f"\n{title}:")
-        for f in fields:
-            lines.append(f"  --{f.name}={getattr(default, f.name)!r}  ({f.type})\n      {f.metadata['doc']}")
-    return "\n".join(lines)
+    return settings_help(TrainConfig)
 
 
 def loader_kind(meta: dict[str, Any], choice: str = "auto") -> str:

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from gptforge.core.config import CHOICES
+from gptforge.core.config import DTYPE_CHOICES
 from gptforge.core.console import log
 from gptforge.core.cpu import (
     DTYPES,
@@ -90,8 +90,8 @@ def resolve_dtype(name: str, device_type: str, n_embd: int, min_width: int = CPU
         if device_type == "cpu" and wide and half_pays("bfloat16"):
             return "bfloat16"
         return "float32"
-    if name not in DTYPES:
-        raise UserError(f"--dtype must be one of {', '.join(CHOICES['dtype'])}; got {name!r}")
+    if name not in DTYPE_CHOICES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}; got {name!r}")
     if name == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UserError("--dtype=bfloat16: this GPU does not support bfloat16; use --dtype=float16")
     return name

@@ -67,6 +67,7 @@ class ModelShape:
         "gelu_new: GPT-2 weights load with it); checkpoints without it: older gptforge's 'tanh', nanoGPT's 'erf'",
         was="tanh",
         nanogpt="erf",
+        choices=GELUS,
     )
     dropout: float = setting(
         0.0, "dropout probability; 0 for pretraining, 0.1+ for fine-tuning small data (may change on resume)", below_one

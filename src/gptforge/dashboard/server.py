@@ -274,7 +274,7 @@ def start_dashboard(
     return server, server.url
 
 
-def serve(folders: Sequence[str], host: str = "127.0.0.1", port: int = 0) -> None:
+def serve(folders: Sequence[str], host: str, port: int) -> None:
     """`gptforge dashboard`: check the folders, print the URL, serve until Ctrl-C."""
     for folder in folders:
         if os.path.exists(folder) and not os.path.isdir(folder):

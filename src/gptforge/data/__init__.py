@@ -1,6 +1,6 @@
 """Datasets: the recipes that prepare them (`prepare`, `shards`, `chat_batches` for SFT's rows), the loaders that read
-them (`loader`), documents streamed from files (`sources`) and `gptforge prepare` (`command`). This module itself
-stays free of numpy and torch: the CLI reads the recipe names below to build its parser.
+them (`loader`), documents streamed from files (`sources`) and `gptforge prepare` (`options`, `command`). This module
+itself stays free of numpy and torch: the recipe names below make prepare's options (`options`).
 Imports: chat, core, tokenizer."""
 
 RECIPES = ("shakespeare_char", "shakespeare", "text")  # held in memory: data/prepare.py

@@ -12,7 +12,6 @@ import torch
 
 from gptforge.chat.render import chat_special_ids, render_prompt
 from gptforge.chat.synthetic import ALL_KINDS, KINDS, generate, score
-from gptforge.core.config import TrainConfig
 from gptforge.core.distributed import DistEnv
 from gptforge.infer.engine import generate as generate_tokens
 from gptforge.model.cache import evaluating
@@ -20,15 +19,15 @@ from gptforge.tokenizer.spec import from_spec, tokenizer_spec
 from gptforge.tokenizer.specials import role_tokens
 
 
-def chat_task(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Callable[..., dict[str, Any]] | None:
-    """The synthetic tasks' accuracy during SFT (rank 0), when the chat dataset holds them and chat_eval_examples
-    > 0: held-out problems (never trained on), the same ones at every evaluation."""
-    if cfg.task != "sft" or cfg.chat_eval_examples <= 0 or "synthetic" not in (meta.get("sources") or {}):
+def chat_task(examples: int, env: DistEnv, meta: dict[str, Any]) -> Callable[..., dict[str, Any]] | None:
+    """The synthetic tasks' accuracy during SFT (rank 0), when the chat dataset holds them and examples > 0 (train's
+    chat_eval_examples): held-out problems (never trained on), the same ones at every evaluation."""
+    if examples <= 0 or "synthetic" not in (meta.get("sources") or {}):
         return None
     tokenizer = from_spec(tokenizer_spec(meta))
     kinds = meta.get("synthetic_kinds") or KINDS  # the kinds the dataset was made with (older ones: the default 8)
-    examples = generate(cfg.chat_eval_examples, meta.get("seed", 0), "held_out", kinds=kinds)
-    return functools.partial(task_accuracy, tokenizer=tokenizer, examples=examples, device=env.device)
+    problems = generate(examples, meta.get("seed", 0), "held_out", kinds=kinds)
+    return functools.partial(task_accuracy, tokenizer=tokenizer, examples=problems, device=env.device)
 
 
 @torch.no_grad()

@@ -108,9 +108,9 @@ def eval_lm_eval(
     device: str,
     dtype: str,
     seed: int,
-    apply_chat_template: bool = False,
-    fewshot_as_multiturn: bool = False,
-    system_instruction: str | None = None,
+    apply_chat_template: bool,
+    fewshot_as_multiturn: bool,
+    system_instruction: str | None,
 ) -> dict[str, Any]:
     """Score the model on lm-eval's tasks; prints lm-eval's table, writes the results to --output_path. With
     apply_chat_template (a chat model), each prompt is a conversation in the model's chat format."""

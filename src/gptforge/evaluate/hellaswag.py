@@ -16,7 +16,6 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from gptforge.core import console
-from gptforge.core.config import TrainConfig
 from gptforge.core.device import autocast_context, inference_dtype
 from gptforge.core.distributed import DistEnv, setup_distributed, teardown
 from gptforge.core.errors import UserError
@@ -310,13 +309,14 @@ def eval_hellaswag(
         teardown(env)
 
 
-def hellaswag_task(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Callable[..., dict[str, Any]] | None:
-    """HellaSwag scoring during training, its examples loaded (and checked) before any training."""
-    if cfg.hellaswag_interval <= 0:
-        return None
+def hellaswag_task(
+    path: str | None, limit: int | None, env: DistEnv, meta: dict[str, Any]
+) -> Callable[..., dict[str, Any]]:
+    """HellaSwag scoring during training, its examples (a local file, or the downloaded one; the first `limit`, or
+    all) loaded and checked before any training."""
     tokenizer = from_spec(tokenizer_spec(meta))
     check_tokenizer(tokenizer)
-    examples = load_examples(hellaswag_file(cfg.hellaswag_path or None), cfg.hellaswag_limit or None)
+    examples = load_examples(hellaswag_file(path), limit)
     return functools.partial(
         evaluate_hellaswag,
         tokenizer=tokenizer,

@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from gptforge.core.config import FIELDS, TrainConfig
 from gptforge.core.console import log
 from gptforge.core.device import autocast_context, device_type, inference_dtype, resolve_device
 from gptforge.core.distributed import DistEnv
@@ -104,16 +103,18 @@ def stream_one(model: GPT, tok: Any, prompt: list[int], start: str, args: Sample
 class Sampler:
     """Text samples during training from a private generator (seed 42 + rank): training's RNG is untouched."""
 
-    def __init__(self, cfg: TrainConfig, meta: dict[str, Any], env: DistEnv):
-        self.tok, self.text = from_spec(tokenizer_spec(meta)), cfg.sample_prompt
+    def __init__(self, prompt: str, n: int, tokens: int, meta: dict[str, Any], env: DistEnv, given: bool = True):
+        """n samples of `tokens` tokens after `prompt`; a prompt the vocabulary cannot encode is a UserError when it
+        was `given` (--sample_prompt), else (build-nanogpt's default, for a character vocabulary that lacks some of
+        its letters) token 0 instead."""
+        self.tok, self.text = from_spec(tokenizer_spec(meta)), prompt
         try:
-            self.prompt = self.tok.encode(cfg.sample_prompt) or [self.tok.eot_token or 0]
+            self.prompt = self.tok.encode(prompt) or [self.tok.eot_token or 0]
         except UserError as e:
-            if cfg.sample_prompt != FIELDS["sample_prompt"].default:
+            if given:
                 raise UserError(f"--sample_prompt: {e}") from None
-            # build-nanogpt's default prompt, for a character vocabulary that lacks some of its letters
             self.text, self.prompt = self.tok.decode([0]), [0]
-        self.n, self.tokens, self.device = cfg.num_samples, cfg.sample_tokens, env.device
+        self.n, self.tokens, self.device = n, tokens, env.device
         self.generator = torch.Generator(device=env.device).manual_seed(42 + env.rank)
 
     def sample(self, model: GPT, ctx) -> list[str]:

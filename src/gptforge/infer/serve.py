@@ -28,6 +28,7 @@ from gptforge.infer.batcher import Batcher, Event, Mailbox, Request
 from gptforge.infer.chat_model import LoadedModel, decode_with_specials, encode_with_specials, load_for_inference
 from gptforge.infer.decode import enable_compile
 from gptforge.infer.openai_api import ApiError, Collector, Limits, Parsed, parse_chat, parse_completion
+from gptforge.infer.options import ServeArgs
 from gptforge.infer.serve_options import bind, check_model_room, check_options, listen
 
 STATIC = Path(__file__).parent / "static"
@@ -327,38 +328,24 @@ def add_page_routes(fastapi, app, guard) -> None:
         return fastapi.Response(status_code=204)  # no icon: said without a 404 in the browser's console
 
 
-def serve(
-    out_dir: str = "out",
-    ckpt: str | None = None,
-    init_from: str = "resume",
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key: str | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    name: str | None = None,
-    max_batch: int = 16,
-    max_tokens: int = 0,
-    max_body_mb: float = 1.0,
-    max_messages: int = 256,
-    compile: str = "auto",
-) -> None:
-    """Check the options, take the port, load the model, serve until Ctrl-C (which drains: requests in flight
-    finish, new ones are refused)."""
-    check_options(host, port, api_key, name, max_batch, max_tokens, max_body_mb, max_messages)
+def serve(args: ServeArgs) -> None:
+    """`gptforge serve`: check the options, take the port, load the model, serve until Ctrl-C (which drains: requests
+    in flight finish, new ones are refused)."""
+    check_options(args)
     _, uvicorn = _imports()
-    sock = bind(host, port)  # before the model: a port in use costs a second, not a load and a compile
+    sock = bind(args.host, args.port)  # before the model: a port in use costs a second, not a load and a compile
     with contextlib.closing(sock):
-        lm = load_for_inference(out_dir, ckpt, init_from, device, dtype, name)
-        check_model_room(lm, max_batch, max_tokens)
-        enable_compile(lm, compile, slots=max_batch, batch_sizes=(1, 2) if max_batch > 1 else (1,))
-        loopback = host in LOOPBACK_HOSTS
-        if not loopback and not api_key:
-            log(f"warning: --host={host} lets other machines use this model, and no --api_key is set")
-        limits = Limits(max_body=int(max_body_mb * (1 << 20)), max_messages=max_messages, max_tokens=max_tokens)
-        app = build_app(lm, limits, api_key, max_batch, loopback, thread=False)
-        listen(sock, host, port)
-        run_server(uvicorn, app, sock, host, lm)
+        lm = load_for_inference(args.out_dir, args.ckpt, args.init_from, args.device, args.dtype, args.name)
+        check_model_room(lm, args.max_batch, args.max_tokens)
+        enable_compile(lm, args.compile, slots=args.max_batch, batch_sizes=(1, 2) if args.max_batch > 1 else (1,))
+        loopback = args.host in LOOPBACK_HOSTS
+        if not loopback and not args.api_key:
+            log(f"warning: --host={args.host} lets other machines use this model, and no --api_key is set")
+        body = int(args.max_body_mb * (1 << 20))
+        limits = Limits(max_body=body, max_messages=args.max_messages, max_tokens=args.max_tokens)
+        app = build_app(lm, limits, args.api_key, args.max_batch, loopback, thread=False)
+        listen(sock, args.host, args.port)
+        run_server(uvicorn, app, sock, args.host, lm)
 
 
 def run_server(uvicorn, app, sock: socket.socket, host: str, lm: LoadedModel) -> None:

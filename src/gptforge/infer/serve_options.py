@@ -11,19 +11,12 @@ import socket
 from gptforge.core.device import available_memory
 from gptforge.core.errors import UserError
 from gptforge.infer.chat_model import LoadedModel
+from gptforge.infer.options import ServeArgs
 
 
-def check_options(
-    host: str,
-    port: int,
-    api_key: str | None,
-    name: str | None,
-    max_batch: int,
-    max_tokens: int,
-    max_body_mb: float,
-    max_messages: int,
-) -> None:
+def check_options(args: ServeArgs) -> None:
     """Every option that can be judged without the model, each mistake said naming its flag."""
+    host, port, api_key, name = args.host, args.port, args.api_key, args.name
     if not host.strip():  # "" would listen on every interface
         raise UserError(
             "--host is empty: give the address to listen on, 127.0.0.1 (this machine only, the default) "
@@ -42,14 +35,22 @@ def check_options(
             f"--name={name!r}: clients send the model's id as 'model'; give one without spaces at its "
             "ends or control characters, or leave --name out (the run folder's name)"
         )
-    if max_batch < 1:
-        raise UserError(f"--max_batch={max_batch}: give the most rows (requests x n) one model step runs, 1 or more")
-    if max_messages < 1:
-        raise UserError(f"--max_messages={max_messages}: give the most messages a chat request may hold, 1 or more")
-    if max_tokens < 0:
-        raise UserError(f"--max_tokens={max_tokens}: give the most tokens a request may ask for, or 0 (the context)")
-    if not (math.isfinite(max_body_mb) and max_body_mb >= 0.001):
-        raise UserError(f"--max_body_mb={max_body_mb}: give the largest request body in MiB, at least 0.001 (1 KiB)")
+    if args.max_batch < 1:
+        raise UserError(
+            f"--max_batch={args.max_batch}: give the most rows (requests x n) one model step runs, 1 or more"
+        )
+    if args.max_messages < 1:
+        raise UserError(
+            f"--max_messages={args.max_messages}: give the most messages a chat request may hold, 1 or more"
+        )
+    if args.max_tokens < 0:
+        raise UserError(
+            f"--max_tokens={args.max_tokens}: give the most tokens a request may ask for, or 0 (the context)"
+        )
+    if not (math.isfinite(args.max_body_mb) and args.max_body_mb >= 0.001):
+        raise UserError(
+            f"--max_body_mb={args.max_body_mb}: give the largest request body in MiB, at least 0.001 (1 KiB)"
+        )
 
 
 def check_model_room(lm: LoadedModel, max_batch: int, max_tokens: int) -> None:

@@ -8,12 +8,28 @@ lr = get_lr(it, 6e-4, 2000, 600000, 6e-5, schedule="wsd", decay_frac=0.2)  # war
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from gptforge.core.config import CHOICES
+from gptforge.core.config import LR_SCHEDULES
 from gptforge.core.errors import UserError
+
+
+@dataclass(frozen=True)
+class MuonSettings:
+    """Muon's part of the optimizer (train/setup.py builds it from a run's muon_* settings): the peak learning rate
+    of the blocks' matrices, its momentum (reached after `warmup` steps from 0.85), the Newton-Schulz dtype
+    ('float32' | 'bfloat16'), split_qkv (each fused c_attn matrix as its query, key and value matrices) and normuon
+    (each neuron's update normalised, muon.normalize_neurons)."""
+
+    lr: float
+    momentum: float
+    warmup: int
+    dtype: str = "float32"
+    split_qkv: bool = False
+    normuon: bool = False
 
 
 def configure_optimizer(
@@ -22,7 +38,7 @@ def configure_optimizer(
     learning_rate: float,
     betas: tuple[float, float],
     device_type: str,
-    muon: dict[str, Any] | None = None,
+    muon: MuonSettings | None = None,
     embedding_lr_scale: float = 1.0,
 ) -> torch.optim.Optimizer:
     """AdamW where only tensors of 2 or more dimensions (matmul weights, embeddings) are decayed.
@@ -30,23 +46,14 @@ def configure_optimizer(
     Biases and LayerNorm gains are left alone: shrinking them towards zero only hurts. The fused kernel is
     used on CUDA (one launch for all parameters instead of several per tensor).
 
-    muon={'lr': .., 'momentum': .., 'warmup': .., 'dtype': 'float32' | 'bfloat16', 'split_qkv': bool, 'normuon':
-    bool}: the blocks' 2-D matrices go to Muon instead (no weight decay, as the published recipes; Newton-Schulz in
-    `dtype`; split_qkv: each fused c_attn matrix as its query, key and value matrices; normuon: each neuron's update
-    normalised, muon.normalize_neurons), in one MuonAdamW. Every group carries
-    `lr_scale`, its peak over learning_rate. embedding_lr_scale != 1: the token embedding (untied) in a group of
-    its own after the first two, at that multiple of learning_rate.
+    muon: the blocks' 2-D matrices go to Muon instead (no weight decay, as the published recipes), in one
+    MuonAdamW. Every group carries `lr_scale`, its peak over learning_rate. embedding_lr_scale != 1: the token
+    embedding (untied) in a group of its own after the first two, at that multiple of learning_rate.
     """
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}  # tied weights appear once
-    hidden = {n for n, p in params.items() if muon is not None and p.dim() == 2 and ".h." in f".{n}"}
+    hidden = [n for n, p in params.items() if muon is not None and p.dim() == 2 and ".h." in f".{n}"]
     embedding = {n for n in params if n.endswith("wte.weight")} if embedding_lr_scale != 1.0 else set()
-    every = [q for _, q in model.named_parameters(remove_duplicate=False)] if embedding else []
-    if any(sum(q is params[n] for q in every) > 1 for n in embedding):
-        raise UserError(
-            f"--embedding_lr_scale={embedding_lr_scale}: the embedding is tied to the output head here "
-            "(untie_head=False), so its learning rate is the head's too; add --untie_head=True (a new run), or "
-            "leave --embedding_lr_scale at 1"
-        )
+    check_untied(model, params, embedding, embedding_lr_scale)
     decay = [p for n, p in params.items() if p.dim() >= 2 and n not in hidden and n not in embedding]
     no_decay = [p for p in params.values() if p.dim() < 2]
     groups: list[dict[str, Any]] = [
@@ -66,55 +73,43 @@ def configure_optimizer(
     for group in groups:
         scale = group.get("lr_scale", 1.0)
         group.update(kind="adamw", lr=learning_rate * scale, betas=betas, lr_scale=scale)
-    matrices = [n for n in params if n in hidden]
-    muon_group = dict(
-        params=[params[n] for n in matrices],
-        kind="muon",
-        lr=muon["lr"],
-        lr_scale=muon["lr"] / learning_rate,
-        momentum=muon["momentum"],
-        momentum_warmup=int(muon["warmup"]),
-        weight_decay=0.0,
-        ns_dtype=muon.get("dtype", "float32"),
-    )
-    if muon.get("split_qkv"):  # c_attn is (3 n_embd, n_embd): query, key and value rows, in that order
-        muon_group["row_blocks"] = [3 if n.endswith("attn.c_attn.weight") else 1 for n in matrices]
-    if muon.get("normuon"):
-        muon_group["normuon_beta2"] = NORMUON_BETA2
-    groups.append(muon_group)
+    groups.append(muon_group({n: params[n] for n in hidden}, muon, learning_rate))
     return MuonAdamW(groups)
 
 
-def muon_settings(cfg: Any) -> dict[str, Any] | None:
-    """configure_optimizer's `muon` argument from a TrainConfig: None unless optimizer='muon'."""
-    if cfg.optimizer != "muon":
-        return None
-    return {
-        "lr": cfg.muon_lr,
-        "momentum": cfg.muon_momentum,
-        "warmup": cfg.muon_warmup,
-        "dtype": muon_dtype(cfg),
-        "split_qkv": cfg.muon_split_qkv,
-        "normuon": cfg.normuon,
-    }
+def check_untied(
+    model: torch.nn.Module, params: dict[str, torch.Tensor], embedding: set[str], embedding_lr_scale: float
+) -> None:
+    """An embedding with a learning rate of its own must not be the output head too (tied weights)."""
+    every = [q for _, q in model.named_parameters(remove_duplicate=False)] if embedding else []
+    if any(sum(q is params[n] for q in every) > 1 for n in embedding):
+        raise UserError(
+            f"--embedding_lr_scale={embedding_lr_scale}: the embedding is tied to the output head here "
+            "(untie_head=False), so its learning rate is the head's too; add --untie_head=True (a new run), or "
+            "leave --embedding_lr_scale at 1"
+        )
 
 
-def muon_dtype(cfg: Any) -> str:
-    """The Newton-Schulz dtype muon_dtype='auto' stands for: bfloat16 on CUDA and on CPUs whose bf16 products
-    measure faster than float32's (core.cpu.half_pays), float32 elsewhere (where bf16 is emulated it is hundreds of
-    times slower; some CPUs with bf16 flags multiply it at half float32's rate)."""
-    if cfg.muon_dtype != "auto":
-        return cfg.muon_dtype
-    from gptforge.core.cpu import half_pays
-    from gptforge.core.device import device_type, resolve_device
-
-    kind = device_type(resolve_device("auto") if cfg.device == "auto" else cfg.device)  # auto: what it stands for
-    return "bfloat16" if kind == "cuda" or (kind == "cpu" and half_pays("bfloat16")) else "float32"
+def muon_group(matrices: dict[str, torch.Tensor], muon: MuonSettings, learning_rate: float) -> dict[str, Any]:
+    """The Muon parameter group of MuonAdamW: the blocks' matrices, by name."""
+    group: dict[str, Any] = dict(
+        params=list(matrices.values()),
+        kind="muon",
+        lr=muon.lr,
+        lr_scale=muon.lr / learning_rate,
+        momentum=muon.momentum,
+        momentum_warmup=int(muon.warmup),
+        weight_decay=0.0,
+        ns_dtype=muon.dtype,
+    )
+    if muon.split_qkv:  # c_attn is (3 n_embd, n_embd): query, key and value rows, in that order
+        group["row_blocks"] = [3 if n.endswith("attn.c_attn.weight") else 1 for n in matrices]
+    if muon.normuon:
+        group["normuon_beta2"] = NORMUON_BETA2
+    return group
 
 
 NORMUON_BETA2 = 0.95  # the NorMuon paper's running-mean factor for each neuron's squared update
-
-SCHEDULES = CHOICES["lr_schedule"]
 
 
 def get_lr(
@@ -138,8 +133,8 @@ def get_lr(
                 then a straight line down to min_lr (decay_frac 1 is `linear`; 0 drops to min_lr at lr_decay_iters)
     decay_lr=False is nanoGPT's constant learning_rate from step 0, whatever the schedule.
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {LR_SCHEDULES}")
     if not 0.0 <= decay_frac <= 1.0:
         raise ValueError(f"decay_frac must be in [0, 1], got {decay_frac}")
     if not decay_lr:

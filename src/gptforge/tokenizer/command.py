@@ -9,20 +9,20 @@ from typing import Any
 
 from gptforge.core.console import log
 from gptforge.core.errors import UserError
-from gptforge.tokenizer.bpe import MAX_DIGITS, resolve_folder
+from gptforge.tokenizer.bpe import resolve_folder
 from gptforge.tokenizer.spec import BUILT_IN, named_tokenizer
-from gptforge.tokenizer.train import MAX_CHARS, tokenizer_stats, train_tokenizer
+from gptforge.tokenizer.train import tokenizer_stats, train_tokenizer
 
 
 def train_command(
     files: Sequence[str],
     vocab_size: int,
     name: str,
-    max_chars: int | None = MAX_CHARS,
-    doc_chars: int | None = None,
-    force: bool = False,
-    text_field: str = "text",
-    max_digits: int = MAX_DIGITS,
+    max_chars: int | None,
+    doc_chars: int | None,
+    force: bool,
+    text_field: str,
+    max_digits: int,
 ) -> str:
     """`gptforge tokenizer train FILE_OR_FOLDER... --vocab_size N --name NAME`: prints the tokenizer's folder."""
     folder = train_tokenizer(

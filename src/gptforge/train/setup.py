@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from gptforge.core.allocator import keep_freed_memory
-from gptforge.core.config import TrainConfig, loader_kind
-from gptforge.core.cpu import adopt_rates, cpu_product_rates, emulated_half_products
-from gptforge.core.device import autocast_context, dtype_reason, peak_flops
+from gptforge.core.config import FIELDS, MUON_ONLY, TrainConfig, loader_kind
+from gptforge.core.cpu import adopt_rates, cpu_product_rates, emulated_half_products, half_pays
+from gptforge.core.device import autocast_context, device_type, dtype_reason, peak_flops, resolve_device
 from gptforge.core.distributed import DistEnv, gather
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
@@ -26,7 +26,7 @@ from gptforge.evaluate.hellaswag import hellaswag_task
 from gptforge.evaluate.loss import dataset_byte_table
 from gptforge.infer.sample import Sampler
 from gptforge.model.gpt import GPT
-from gptforge.model.optim import configure_optimizer, muon_dtype, muon_settings
+from gptforge.model.optim import MuonSettings, configure_optimizer
 from gptforge.tokenizer.spec import tokenizer_spec
 from gptforge.train.checkpointer import Checkpointer
 from gptforge.train.metrics import Metrics, open_outputs
@@ -93,11 +93,7 @@ class Run:
 def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
     """Build the run: where it starts, its resolved settings, model, optimizer, batches, evaluators and sinks; None
     when it resumes a finished run (nothing to do, nothing written)."""
-    if cfg.gradient_accumulation_steps % env.world_size:
-        raise UserError(
-            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} (micro-batches per step over all "
-            f"processes) does not divide across {env.world_size} processes; make it a multiple of {env.world_size}"
-        )
+    check_accumulation(cfg, env)
     malloc = keep_freed_memory()  # `gptforge` did it at start; a call of train() from Python does it here
     torch.manual_seed(cfg.seed)  # every rank builds the same initial weights (FSDP keeps each rank's shard)
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
@@ -121,11 +117,7 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
         env.say(told)
     data_state = batches.state_dict()  # the state that yields the batch below: what a resume must restore
     batch = batches.next_batch()  # (its token ids are checked against the vocabulary here, before any write)
-    hellaswag = hellaswag_task(cfg, env, meta)
-    chat_tasks = chat_task(cfg, env, meta) if env.is_main and not env.fsdp(cfg.parallel) else None
-    # a sharded model needs every rank in each forward pass, so under FSDP all ranks sample (rank 0 logs)
-    sampling = cfg.sample_interval > 0 and (env.is_main or env.fsdp(cfg.parallel))
-    sampler = Sampler(cfg, meta, env) if sampling else None
+    hellaswag, chat_tasks, sampler = open_evaluators(cfg, env, meta)
     metrics, cleanup = open_outputs(cfg, env, start.ckpt)  # every input is checked by now
     fixed = {"model_args": start.args, "tokenizer": tokenizer_spec(meta), "wandb_run_id": metrics.wandb_id}
     checkpointer = Checkpointer(cfg, env, model, optimizer, scaler, iter_num, fixed, metrics.info)
@@ -153,6 +145,30 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
     )
     metrics.info(describe(run, start, malloc, given_dtype))
     return run
+
+
+def open_evaluators(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> tuple[Any, Any, Sampler | None]:
+    """What evaluates the model besides the val loss, each loaded (and checked) before training: HellaSwag, the
+    held-out synthetic tasks of SFT (rank 0, not under FSDP), the samples."""
+    hellaswag = None
+    if cfg.hellaswag_interval > 0:
+        hellaswag = hellaswag_task(cfg.hellaswag_path or None, cfg.hellaswag_limit or None, env, meta)
+    fsdp = env.fsdp(cfg.parallel)
+    chat_tasks = chat_task(cfg.chat_eval_examples if cfg.task == "sft" and env.is_main and not fsdp else 0, env, meta)
+    # a sharded model needs every rank in each forward pass, so under FSDP all ranks sample (rank 0 logs)
+    sampler = None
+    if cfg.sample_interval > 0 and (env.is_main or fsdp):
+        given = cfg.sample_prompt != FIELDS["sample_prompt"].default
+        sampler = Sampler(cfg.sample_prompt, cfg.num_samples, cfg.sample_tokens, meta, env, given)
+    return hellaswag, chat_tasks, sampler
+
+
+def check_accumulation(cfg: TrainConfig, env: DistEnv) -> None:
+    if cfg.gradient_accumulation_steps % env.world_size:
+        raise UserError(
+            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} (micro-batches per step over all "
+            f"processes) does not divide across {env.world_size} processes; make it a multiple of {env.world_size}"
+        )
 
 
 def check_batch_warmup(cfg: TrainConfig, meta: dict[str, Any]) -> None:
@@ -209,7 +225,23 @@ def warmup_line(run: Run) -> str:
     return f" ({first:,}, {cfg.batch_warmup_size} of the batch, in the first {cfg.batch_warmup_iters} steps)"
 
 
-MUON_ONLY = ("muon_lr", "muon_momentum", "muon_warmup", "muon_dtype", "muon_split_qkv", "normuon")  # optimizer='muon's
+def muon_settings(cfg: TrainConfig) -> MuonSettings | None:
+    """configure_optimizer's `muon` from a run's settings: None unless optimizer='muon'."""
+    if cfg.optimizer != "muon":
+        return None
+    return MuonSettings(
+        cfg.muon_lr, cfg.muon_momentum, cfg.muon_warmup, muon_dtype(cfg), cfg.muon_split_qkv, cfg.normuon
+    )
+
+
+def muon_dtype(cfg: TrainConfig) -> str:
+    """The Newton-Schulz dtype muon_dtype='auto' stands for: bfloat16 on CUDA and on CPUs whose bf16 products
+    measure faster than float32's (core.cpu.half_pays), float32 elsewhere (where bf16 is emulated it is hundreds of
+    times slower; some CPUs with bf16 flags multiply it at half float32's rate)."""
+    if cfg.muon_dtype != "auto":
+        return cfg.muon_dtype
+    kind = device_type(resolve_device("auto") if cfg.device == "auto" else cfg.device)  # auto: what it stands for
+    return "bfloat16" if kind == "cuda" or (kind == "cpu" and half_pays("bfloat16")) else "float32"
 
 
 def recipe_line(cfg: TrainConfig) -> str:
