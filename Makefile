@@ -30,8 +30,8 @@ demo: install
 	$(BIN)/gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=300
 
 lint: $(VENV)/.test-extra
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
 
 # The browser test drives Debian's chromium (playwright's own browser download needs the internet).
 chromium:

@@ -1,4 +1,4 @@
-"""What test_faults.py and fault_campaign.py share: a real `gptforge train` process read line by line as it runs
+"""What test_faults.py and campaign_tools.py share: a real `gptforge train` process read line by line as it runs
 (Child), and what "equal to an uninterrupted run" means: the final checkpoint and metrics of a run against a
 reference run's, exactly (docs/RELIABILITY.md, "Resume is exact")."""
 

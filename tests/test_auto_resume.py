@@ -1,6 +1,7 @@
 """`--resume=auto`: the same command starts a run and continues it (a requeued or restarted job), through the real
-CLI: an empty out_dir, a finished run, a damaged ckpt.pt beside a good step checkpoint, nothing readable; the
-choice of the newest checkpoint; and the random streams of a resume on another number of processes."""
+CLI (a run that is only there to be started again is trained in this process): an empty out_dir, a finished run, a
+damaged ckpt.pt beside a good step checkpoint, nothing readable; the choice of the newest checkpoint; and the random
+streams of a resume on another number of processes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli, tiny_train_args
+from conftest import run_cli, tiny_train_args, train_in_process
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.train.runstate import capture_rng, derived_seed, restore_run_state
@@ -46,7 +47,7 @@ def test_a_finished_run_is_left_as_it_is(char_data, tmp_path):
     val line, config.json is not rewritten)."""
     out = tmp_path / "run"
     args = tiny_train_args(char_data, out, **RUN)
-    assert run_cli("train", *args, cwd=tmp_path).returncode == 0
+    train_in_process(*args)  # the run that had ended; its requeue below is the real command
     before = digests(out)
     assert {"ckpt.pt", "config.json", "metrics.jsonl", "log.txt"} <= set(before)
     r = run_cli("train", *args, cwd=tmp_path)
@@ -81,7 +82,7 @@ def test_a_damaged_ckpt_pt_resumes_from_the_good_step_checkpoint_exactly(char_da
 
 def test_nothing_readable_is_an_error_and_nothing_is_overwritten(char_data, tmp_path):
     out = tmp_path / "run"
-    assert run_cli("train", *tiny_train_args(char_data, out, **RUN), cwd=tmp_path).returncode == 0
+    train_in_process(*tiny_train_args(char_data, out, **RUN))  # the run whose checkpoints are then damaged
     for name in ("ckpt.pt", "ckpt_best.pt"):
         (out / name).write_bytes(b"not a checkpoint")
     before = digests(out)

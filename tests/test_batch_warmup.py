@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from conftest import ListBatches, run_cli, tiny_train_args, whole_and_resumed
+from conftest import ListBatches, run_cli, tiny_train_args, train_in_process, whole_and_resumed
 from gptforge.weights.checkpoint import load_checkpoint
 
 
@@ -41,8 +41,7 @@ def test_the_warm_up_leaves_the_data_stream_and_a_resume_inside_it_continues_exa
     warm = dict(max_iters=6, lr_decay_iters=6, eval_interval=6, batch_warmup_iters=5, batch_warmup_size=3)
     a, _ = whole_and_resumed(char_data, tmp_path, warm)
     plain = tmp_path / "plain"
-    r = run_cli("train", *tiny_train_args(char_data, plain, max_iters=6, lr_decay_iters=6, eval_interval=6))
-    assert r.returncode == 0, r.stderr
+    train_in_process(*tiny_train_args(char_data, plain, max_iters=6, lr_decay_iters=6, eval_interval=6))
     b = load_checkpoint(str(plain / "ckpt.pt"))
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
     assert not torch.equal(a["model"]["lm_head.weight"], b["model"]["lm_head.weight"])

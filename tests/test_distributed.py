@@ -133,6 +133,21 @@ def one_process(char_data, out_dir, options):
     return out_dir
 
 
+@pytest.fixture(scope="module")
+def references() -> dict:
+    """One-process reference runs by their options, kept for the module: the ddp and fsdp rows of a test compare
+    with the same run (`parallel` does nothing in one process: it never shards), trained once."""
+    return {}
+
+
+def reference(references: dict, char_data, out_dir, options):
+    """one_process(char_data, out_dir, options), or the run an earlier test trained with the same options."""
+    key = repr(sorted((k, v) for k, v in options.items() if k != "parallel"))
+    if key not in references:
+        references[key] = one_process(char_data, out_dir, options)
+    return references[key]
+
+
 def losses(out_dir):
     rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
     return [r["loss"] for r in rows if r["kind"] == "train"], [r for r in rows if r["kind"] == "eval"]
@@ -226,7 +241,7 @@ def test_user_error_under_torchrun_exits_cleanly_on_every_rank(char_data, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_muon_under_two_processes_equals_one_process(char_data, tmp_path, parallel):
+def test_muon_under_two_processes_equals_one_process(char_data, tmp_path, parallel, references):
     """With every model switch on. DDP: every rank orthogonalises the same averaged gradient. FSDP: every rank
     gathers each matrix whole, orthogonalises it and keeps its shard. Either way the weights equal one
     process's, and (FSDP) a resumed run continues as the uninterrupted one. Newton-Schulz in float32: in
@@ -236,7 +251,7 @@ def test_muon_under_two_processes_equals_one_process(char_data, tmp_path, parall
     common = {**DDP_RUN, **ALL_ON, "optimizer": "muon", "muon_warmup": 3, "parallel": parallel, "muon_dtype": "float32"}
     common["muon_split_qkv"] = True
     common["normuon"] = True
-    single = one_process(char_data, tmp_path / "single", common)
+    single = reference(references, char_data, tmp_path / "single", common)
     r = torchrun(*tiny_train_args(char_data, tmp_path / "two", **common))
     assert r.returncode == 0, r.stderr[-3000:]
     one, _ = losses(single)
@@ -309,7 +324,7 @@ def test_a_ddp_checkpoint_resumes_under_fsdp_and_back(char_data, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_onednn_products_under_ddp_and_fsdp_match_one_process(char_data, tmp_path, parallel):
+def test_onednn_products_under_ddp_and_fsdp_match_one_process(char_data, tmp_path, parallel, references):
     """onednn_f32 asked for (any x86 CPU), with micro-batches of 8 x 64 tokens so that the blocks' Linears of a
     64-wide model take oneDNN: DDP's and FSDP's ranks (FSDP's layers gathered from shards) give one process's
     losses."""
@@ -318,7 +333,7 @@ def test_onednn_products_under_ddp_and_fsdp_match_one_process(char_data, tmp_pat
     if not onednn_f32_available():
         pytest.skip("oneDNN's matmul needs an x86-64 torch with oneDNN")
     common = {**DDP_RUN, "batch_size": 8, "block_size": 64, "n_embd": 64, "max_iters": 4, "onednn_f32": True}
-    single = one_process(char_data, tmp_path / "single", common)
+    single = reference(references, char_data, tmp_path / "single", common)
     run = tmp_path / parallel
     r = torchrun(*tiny_train_args(char_data, run, parallel=parallel, **common))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -8,7 +8,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from conftest import kept_rates, run_cli, tiny_train_args
+from conftest import kept_rates, run_cli, tiny_train_args, train_in_process
 from gptforge.data.loader import RandomBatches
 from gptforge.data.prepare import prepare
 from gptforge.weights.load import load_checkpoint_model
@@ -30,8 +30,7 @@ def reference_loss(ckpt_path, bin_path, batch, block, iters, seed) -> float:
 
 def test_loss_and_perplexity_of_a_run_and_of_a_step_checkpoint(char_data, tmp_path):
     out = tmp_path / "run"
-    r = run_cli("train", *tiny_train_args(char_data, out, max_iters=10, ckpt_interval=5))
-    assert r.returncode == 0, r.stderr
+    train_in_process(*tiny_train_args(char_data, out, max_iters=10, ckpt_interval=5))  # the run to evaluate
     r = run_cli(
         "eval",
         "loss",
@@ -67,7 +66,7 @@ def test_loss_and_perplexity_of_a_run_and_of_a_step_checkpoint(char_data, tmp_pa
 
 def test_eval_loss_errors_name_the_flag(char_data, tmp_path):
     out = tmp_path / "run"
-    assert run_cli("train", *tiny_train_args(char_data, out, max_iters=2)).returncode == 0
+    train_in_process(*tiny_train_args(char_data, out, max_iters=2))  # the run to evaluate
     other = tmp_path / "other.txt"
     other.write_text("a completely different alphabet: XYZ 0123456789 " * 50, encoding="utf-8")
     prepare("text", data_dir=str(char_data), files=[str(other)], name="other", tokenizer="char")
@@ -89,7 +88,8 @@ def test_eval_picks_the_dtype_by_trains_rule_for_the_model(char_data, tmp_path, 
     from gptforge.evaluate.loss import eval_loss
 
     out = tmp_path / "run"
-    assert run_cli("train", *tiny_train_args(char_data, out, max_iters=2)).returncode == 0
+    train_in_process(*tiny_train_args(char_data, out, max_iters=2))
+    capsys.readouterr()  # the run's own output: what follows is eval's
     kept_rates(monkeypatch, tmp_path / "cache", float32=1.6e11, bfloat16=6e11)
     eval_loss(str(out), None, "resume", None, None, "val", 2, None, None, 1337, "cpu", "auto")
     assert "on cpu (float32)" in capsys.readouterr().err  # 32 wide: float32, as train_shakespeare_char_cpu runs

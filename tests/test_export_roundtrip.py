@@ -2,7 +2,7 @@
 AutoTokenizer loads, and gptforge_tokenizer.json), every gptforge command that reads a folder uses it (sample,
 eval loss, fine-tuning from it), and transformers' greedy generation on the folder equals `gptforge sample
 --temperature=0`, in both export formats (GPT-2 and NanoChat). Before, sampling such a folder crashed with an
-IndexError: it was read as GPT-2 BPE."""
+IndexError: it was read as GPT-2 BPE. The runs exported are trained in this process; every command after is the CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_cli, tiny_train_args
+from conftest import run_cli, tiny_train_args, train_in_process
 from gptforge.tokenizer.char import CharTokenizer
 
 NANOCHAT = dict(rotary=True, rmsnorm=True, qk_norm=True, relu2=True, untie_head=True, bias=False)
@@ -29,8 +29,7 @@ def greedy(cwd, source: list[str], tokens: int = 16) -> str:
 def test_an_exported_char_model_samples_evaluates_and_generates_as_its_run(char_data, tmp_path, switches):
     transformers = pytest.importorskip("transformers")
     run, hf = tmp_path / "run", tmp_path / "hf"
-    args = tiny_train_args(char_data, run, max_iters=30, lr_decay_iters=30, eval_interval=30, **switches)
-    assert run_cli("train", *args, cwd=tmp_path).returncode == 0
+    train_in_process(*tiny_train_args(char_data, run, max_iters=30, lr_decay_iters=30, eval_interval=30, **switches))
     r = run_cli("export", f"--out_dir={run}", f"--to={hf}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "tokens: one per character (34 characters; tokenizer.json" in r.stdout
@@ -56,8 +55,7 @@ def test_an_exported_char_model_samples_evaluates_and_generates_as_its_run(char_
 
 def test_fine_tuning_from_an_exported_char_folder_needs_the_same_vocabulary(char_data, bpe_data, tmp_path):
     run, hf = tmp_path / "run", tmp_path / "hf"
-    args = tiny_train_args(char_data, run, max_iters=4, lr_decay_iters=4, eval_interval=4)
-    assert run_cli("train", *args, cwd=tmp_path).returncode == 0
+    train_in_process(*tiny_train_args(char_data, run, max_iters=4, lr_decay_iters=4, eval_interval=4))
     assert run_cli("export", f"--out_dir={run}", f"--to={hf}", cwd=tmp_path).returncode == 0
     tuned = tiny_train_args(char_data, tmp_path / "tuned", max_iters=2, lr_decay_iters=2, eval_interval=2)
     r = run_cli("train", *tuned, f"--init_from={hf}", cwd=tmp_path)

@@ -2,9 +2,9 @@
 
 Each test compares with an uninterrupted run of the same command, exactly: every model and optimizer
 tensor (torch.equal), torch's generator, the data position, and every loss in metrics.jsonl (fault_tools.py).
-The kill -9 campaigns live in fault_campaign.py, which also runs as a script for bigger campaigns:
+The kill -9 campaigns live in campaign_tools.py, which scripts/fault_campaign.py also runs for bigger campaigns:
 
-    python tests/fault_campaign.py --kills 60 --seed 0 --json
+    python scripts/fault_campaign.py --kills 60 --seed 0 --json
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import signal
 import time
 from pathlib import Path
 
+from campaign_tools import SHARDED_RUN, prepare_shard_data, run_campaign, summary
 from conftest import SHARED, need_shared, tiny_train_args
-from fault_campaign import SHARDED_RUN, prepare_shard_data, run_campaign, summary
 from fault_tools import CHILD_TIMEOUT, Child, compare_runs, records
 from gptforge.weights.checkpoint import load_checkpoint
 
@@ -189,10 +189,10 @@ def test_campaign_helpers_compare_exactly(char_data, tmp_path):
 
 
 def test_driver_script_runs(tmp_path):
-    """`python tests/fault_campaign.py --help` works as a script (the figures for the docs come from it)."""
+    """`python scripts/fault_campaign.py --help` works as a script (the figures for the docs come from it)."""
     import subprocess
     import sys
 
-    script = Path(__file__).with_name("fault_campaign.py")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "fault_campaign.py"
     r = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--kills" in r.stdout, r.stderr

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from campaign_tools import run_campaign
 from conftest import run_cli, tiny_train_args, whole_and_resumed
-from fault_campaign import run_campaign
 from gptforge.infer.engine import generate
 from gptforge.model.muon import orthogonalize
 from gptforge.weights.checkpoint import load_checkpoint

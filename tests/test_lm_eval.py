@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HELLASWAG_VAL, SHAKESPEARE, TIKTOKEN_CACHE, need_shared, run_cli, tiny_train_args
+from conftest import HELLASWAG_VAL, SHAKESPEARE, TIKTOKEN_CACHE, need_shared, run_cli, tiny_train_args, train_in_process
 from test_modern import ALL_ON
 
 LIMIT = 12
@@ -76,7 +76,11 @@ metric_list:
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     """Task YAMLs, a GPT-2 BPE Tiny Shakespeare dataset, and two short runs (GPT-2-shaped and the modern recipe)
-    with block_size 256 (HellaSwag's rows fit: no truncation), each exported to a Hugging Face folder."""
+    with block_size 256 (HellaSwag's rows fit: no truncation), each exported to a Hugging Face folder. Prepared,
+    trained and exported in this process: these tests are about lm-eval, not those commands."""
+    from gptforge.data.prepare import prepare
+    from gptforge.weights.export import export_run
+
     hellaswag, shakespeare = need_shared(HELLASWAG_VAL), need_shared(SHAKESPEARE)
     need_shared(TIKTOKEN_CACHE)
     root = tmp_path_factory.mktemp("lm_eval")
@@ -97,42 +101,61 @@ def work(tmp_path_factory) -> Path:
             body = body.replace(key, value)
         (tasks / name).write_text(body)
     (tasks / "utils.py").write_text("from lm_eval.tasks.hellaswag.utils import process_docs  # lm-eval's own\n")
-    r = run_cli("prepare", "shakespeare", f"--input={shakespeare}", f"--data_dir={root / 'data'}", cwd=root)
-    assert r.returncode == 0, r.stderr
+    prepare("shakespeare", data_dir=str(root / "data"), input_path=str(shakespeare))
     shape = dict(dataset="shakespeare", block_size=256, batch_size=4, max_iters=30, eval_interval=30, eval_iters=2)
     for run, switches in (("gpt2", {}), ("modern", {**ALL_ON, "zero_init": False, "optimizer": "muon"})):
-        r = run_cli("train", *tiny_train_args(root / "data", root / run, **shape, **switches), cwd=root)
-        assert r.returncode == 0, r.stderr
-        r = run_cli("export", f"--out_dir={root / run}", f"--to={root / (run + '-hf')}", cwd=root)
-        assert r.returncode == 0, r.stderr
+        train_in_process(*tiny_train_args(root / "data", root / run, **shape, **switches))
+        export_run(str(root / run), None, str(root / (run + "-hf")), force=False)
     return root
 
 
-def ours(work: Path, run: str, task: str, *more: str) -> dict:
-    out = work / f"ours-{run}-{task}.json"
+# the tasks each run is scored on by both tools, in one process per tool and run
+TASKS = {"gpt2": "hellaswag_local,shakespeare_perplexity,shakespeare_continue", "modern": "hellaswag_local"}
+
+
+@pytest.fixture(scope="module")
+def evaluated(work):
+    """evaluated(run): (gptforge eval lm-eval's results, lm-eval's own model's samples by task and doc_id) on
+    TASKS[run], each tool run once per run and kept for the tests that compare them."""
+    done = {}
+
+    def get(run: str) -> tuple[dict, dict]:
+        if run not in done:
+            done[run] = ours(work, run, TASKS[run]), theirs(work, run, TASKS[run])
+        return done[run]
+
+    return get
+
+
+def ours(work: Path, run: str, tasks: str, *more: str) -> dict:
+    out = work / f"ours-{run}-{tasks.replace(',', '-')}.json"
     r = run_cli(
-        "eval", "lm-eval", f"--out_dir={work / run}", f"--tasks={task}", f"--include_path={work / 'tasks'}",
+        "eval", "lm-eval", f"--out_dir={work / run}", f"--tasks={tasks}", f"--include_path={work / 'tasks'}",
         f"--limit={LIMIT}", "--batch_size=3", "--device=cpu", "--dtype=float32", "--log_samples",
         f"--output_path={out}", *more, cwd=work,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert f"|{task}" in r.stdout.replace(" ", ""), r.stdout  # lm-eval's table
+    for task in tasks.split(","):
+        assert f"|{task}" in r.stdout.replace(" ", ""), r.stdout  # lm-eval's table
     return json.loads(out.read_text())
 
 
-def theirs(work: Path, run: str, task: str) -> dict:
-    """lm-eval's own command line, `--model hf`, on the run's export folder; its samples file by doc_id."""
-    out = work / f"theirs-{run}-{task}"
+def theirs(work: Path, run: str, tasks: str) -> dict:
+    """lm-eval's own command line, `--model hf`, on the run's export folder; its samples files by task, by doc_id."""
+    out = work / f"theirs-{run}-{tasks.replace(',', '-')}"
     r = subprocess.run(
         [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
          f"pretrained={work / (run + '-hf')},dtype=float32", "--device", "cpu", "--batch_size", "4",
-         "--tasks", task, "--include_path", str(work / "tasks"), "--limit", str(LIMIT), "--log_samples",
+         "--tasks", tasks, "--include_path", str(work / "tasks"), "--limit", str(LIMIT), "--log_samples",
          "--output_path", str(out)],
         capture_output=True, text=True, cwd=work, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    (samples,) = glob.glob(str(out / "**" / f"samples_{task}_*.jsonl"), recursive=True)
-    return {row["doc_id"]: row for row in map(json.loads, Path(samples).read_text().splitlines())}
+    found = {}
+    for task in tasks.split(","):
+        (samples,) = glob.glob(str(out / "**" / f"samples_{task}_*.jsonl"), recursive=True)
+        found[task] = {row["doc_id"]: row for row in map(json.loads, Path(samples).read_text().splitlines())}
+    return found
 
 
 def by_doc(results: dict, task: str) -> dict:
@@ -140,10 +163,11 @@ def by_doc(results: dict, task: str) -> dict:
 
 
 @pytest.mark.parametrize("run", ["gpt2", "modern"])
-def test_log_likelihoods_equal_lm_evals_hf_model_on_the_export(work, run):
+def test_log_likelihoods_equal_lm_evals_hf_model_on_the_export(evaluated, run):
     """HellaSwag as lm-eval's task renders it: every choice's log-likelihood and greedy flag, and acc/acc_norm."""
     task = "hellaswag_local"
-    mine, hf = by_doc(ours(work, run, task), task), theirs(work, run, task)
+    results, samples = evaluated(run)
+    mine, hf = by_doc(results, task), samples[task]
     assert sorted(mine) == sorted(hf) == list(range(LIMIT))
     for doc_id, row in mine.items():
         a, b = row["resps"], hf[doc_id]["resps"]
@@ -154,10 +178,11 @@ def test_log_likelihoods_equal_lm_evals_hf_model_on_the_export(work, run):
         assert (row["acc"], row["acc_norm"]) == (hf[doc_id]["acc"], hf[doc_id]["acc_norm"]), doc_id
 
 
-def test_rolling_log_likelihoods_and_generations_equal_lm_evals_hf_model(work):
+def test_rolling_log_likelihoods_and_generations_equal_lm_evals_hf_model(evaluated):
     """The two other kinds of request: a text's perplexity over several block_size windows, greedy generation."""
+    results, samples = evaluated("gpt2")
     for task in ("shakespeare_perplexity", "shakespeare_continue"):
-        mine, hf = by_doc(ours(work, "gpt2", task), task), theirs(work, "gpt2", task)
+        mine, hf = by_doc(results, task), samples[task]
         assert sorted(mine) == sorted(hf) and len(mine) == 6
         for doc_id, row in mine.items():
             a, b = row["resps"][0][0], hf[doc_id]["resps"][0][0]
@@ -242,8 +267,7 @@ def test_clear_errors(work, char_data, tmp_path):
     path = os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")])
     r = run_cli(*base, "--tasks=hellaswag", cwd=tmp_path, env={"PYTHONPATH": path})
     assert r.returncode == 2 and "pip install 'gptforge[eval]'" in r.stderr, r.stderr
-    r = run_cli("train", *tiny_train_args(char_data, tmp_path / "char", max_iters=2), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    train_in_process(*tiny_train_args(char_data, tmp_path / "char", max_iters=2))  # a run to score
     # a checkpoint that cannot be scored is named before the tasks are looked up (here a misspelt one as well)
     r = run_cli("eval", "lm-eval", f"--out_dir={tmp_path / 'char'}", "--tasks=hellaswag_lokal", cwd=tmp_path)
     assert r.returncode == 2 and "character vocabulary" in r.stderr and "Traceback" not in r.stderr, r.stderr

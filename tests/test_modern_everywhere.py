@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import run_cli, tiny_train_args
-from fault_campaign import run_campaign
+from campaign_tools import run_campaign
+from conftest import run_cli, tiny_train_args, train_in_process
 from test_faults import check_campaign
 from test_modern import ALL_ON, tiny, traced_graphs
 
@@ -42,9 +42,7 @@ def test_accumulation_bf16_eval_loss_and_bench_with_every_switch(char_data, tmp_
 
 def test_hellaswag_scores_a_model_with_every_switch(bpe_data, hellaswag_path, tmp_path):
     out = tmp_path / "bpe-run"
-    args = tiny_train_args(bpe_data, out, dataset="bpe", **MODERN, max_iters=2, eval_interval=2)
-    r = run_cli("train", *args, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    train_in_process(*tiny_train_args(bpe_data, out, dataset="bpe", **MODERN, max_iters=2, eval_interval=2))
     r = run_cli(
         "eval", "hellaswag", f"--out_dir={out}", "--limit=4", f"--hellaswag_path={hellaswag_path}", cwd=tmp_path
     )

@@ -1,7 +1,8 @@
 """Every option either applies, is refused, or is named as not applied, for each way a run can start: from scratch,
 resumed (--init_from=resume, --resume=auto with and without a checkpoint) and from Hugging Face weights (a folder
 `gptforge export` wrote). One row per (start, options): the exit code, and the words the user reads. Through the
-real CLI; a refusal is exit 2 naming the key, with no traceback, and writes nothing."""
+real CLI; a refusal is exit 2 naming the key, with no traceback, and writes nothing. The runs a row starts from are
+trained (and exported) in this process: they are not what the row tests."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, tiny_train_args
+from conftest import run_cli, tiny_train_args, train_in_process
 
 BASE = dict(max_iters=4, lr_decay_iters=8, warmup_iters=1, eval_interval=4, eval_iters=1)
 
@@ -20,12 +21,13 @@ def starts(tmp_path_factory):
     """A char dataset, a finished 4-step run (to resume), and its export (Hugging Face weights to start from)."""
     from conftest import SMALL_TEXT
     from gptforge.data.prepare import prepare
+    from gptforge.weights.export import export_run
 
     root = tmp_path_factory.mktemp("starts")
     (root / "tiny.txt").write_text(SMALL_TEXT)
     prepare("text", data_dir=str(root / "data"), files=[str(root / "tiny.txt")], name="tiny", tokenizer="char")
-    assert run_cli("train", *tiny_train_args(root / "data", root / "run", **BASE), cwd=root).returncode == 0
-    assert run_cli("export", f"--out_dir={root / 'run'}", f"--to={root / 'hf'}", cwd=root).returncode == 0
+    train_in_process(*tiny_train_args(root / "data", root / "run", **BASE))
+    export_run(str(root / "run"), None, str(root / "hf"), force=False)
     return root
 
 
@@ -83,7 +85,7 @@ ROWS = [  # (start, options, exit code, words the output must hold)
 def test_an_option_applies_is_refused_or_is_named(starts, tmp_path, how, options, code, words):
     out = tmp_path / "out"
     if how in ("resume", "auto, a checkpoint"):
-        assert run_cli("train", *start(starts, "scratch", out), "--max_iters=4", cwd=tmp_path).returncode == 0
+        train_in_process(*start(starts, "scratch", out), "--max_iters=4")
     stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()} if out.exists() else {}
     r = run_cli("train", *start(starts, how, out), *options, cwd=tmp_path)
     text = r.stdout + r.stderr
@@ -106,8 +108,7 @@ def test_a_resume_that_moves_the_embedding_into_or_out_of_its_own_group_is_refus
     sides resumes, the new one applied."""
     out = tmp_path / "untied"
     untied = ["--untie_head=True", "--optimizer=muon"]
-    first = run_cli("train", *start(starts, "scratch", out), *untied, "--max_iters=4", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
+    train_in_process(*start(starts, "scratch", out), *untied, "--max_iters=4")
     stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     r = run_cli("train", *start(starts, "resume", out), "--embedding_lr_scale=4.0", cwd=tmp_path)
     text = " ".join((r.stdout + r.stderr).split())
@@ -115,9 +116,7 @@ def test_a_resume_that_moves_the_embedding_into_or_out_of_its_own_group_is_refus
     assert "--embedding_lr_scale=4.0:" in text and "resume with --embedding_lr_scale=1.0" in text, text
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
     other = tmp_path / "scaled"
-    scaled = run_cli("train", *start(starts, "scratch", other), *untied, "--embedding_lr_scale=4.0", "--max_iters=4",
-                     cwd=tmp_path)  # fmt: skip
-    assert scaled.returncode == 0, scaled.stderr
+    train_in_process(*start(starts, "scratch", other), *untied, "--embedding_lr_scale=4.0", "--max_iters=4")
     r = run_cli("train", *start(starts, "resume", other), "--embedding_lr_scale=2.0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "embedding_lr_scale 4.0 -> 2.0" in " ".join(r.stdout.split())

@@ -1,8 +1,9 @@
 """A run's records survive every way it can start again: what metrics.jsonl and log.txt hold for the steps the
 resumed checkpoint covers is still there afterwards, with the same figures, after a resume, a --resume=auto, a
 finished run started again (files byte for byte unchanged), a run killed at its last step before its `end` record,
-and a run killed in the middle of an evaluation. Real CLI processes; the kills are SIGKILLs the child sends itself
-at a chosen point (a fault seam in its preamble), so they land at the same place on any machine."""
+and a run killed in the middle of an evaluation. Real CLI processes (a finished run that one of them starts again is
+trained in this process); the kills are SIGKILLs the child sends itself at a chosen point (a fault seam in its
+preamble), so they land at the same place on any machine."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, tiny_train_args
+from conftest import run_cli, tiny_train_args, train_in_process
 from fault_tools import CHILD_TIMEOUT, RECORD_KEYS, Child
 
 RUN = dict(max_iters=10, lr_decay_iters=20, warmup_iters=2, eval_interval=5)
@@ -72,7 +73,7 @@ def assert_kept(before: dict, after: dict, before_log: set[str], after_log: set[
 @pytest.mark.parametrize("how", ["init_from=resume", "resume=auto"])
 def test_a_resumed_run_keeps_every_record_its_checkpoint_covers(char_data, tmp_path, how):
     out = tmp_path / "run"
-    assert run_cli("train", *tiny_train_args(char_data, out, **RUN), cwd=tmp_path).returncode == 0
+    train_in_process(*tiny_train_args(char_data, out, **RUN))  # the run that the real command then resumes
     before, before_log = table(out), log_lines(out)
     assert (10, "eval") in before and (10, "end") in before
     r = run_cli("train", *tiny_train_args(char_data, out, **{**RUN, "max_iters": 20}), f"--{how}", cwd=tmp_path)
@@ -85,7 +86,7 @@ def test_a_resumed_run_keeps_every_record_its_checkpoint_covers(char_data, tmp_p
 @pytest.mark.parametrize("how", ["init_from=resume", "resume=auto"])
 def test_a_finished_run_started_again_is_left_byte_for_byte(char_data, tmp_path, how):
     out = tmp_path / "run"
-    assert run_cli("train", *tiny_train_args(char_data, out, **RUN), cwd=tmp_path).returncode == 0
+    train_in_process(*tiny_train_args(char_data, out, **RUN))  # the run that the real command then starts again
     before = digests(out)
     r = run_cli("train", *tiny_train_args(char_data, out, **RUN), f"--{how}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -1,5 +1,6 @@
 """`--init_from=resume` continues the run that was started: its config.json is the base, the command line changes
-it where that makes sense, never the model's shape; through the real CLI."""
+it where that makes sense, never the model's shape; through the real CLI (a run that is only there to be resumed is
+trained in this process)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import hashlib
 
 import torch
 
-from conftest import run_cli, tiny_train_args
+from conftest import run_cli, tiny_train_args, train_in_process
 from fault_tools import CHILD_TIMEOUT, Child
 from gptforge.weights.checkpoint import load_checkpoint
 
@@ -83,7 +84,7 @@ def test_the_same_full_command_again_changes_nothing(char_data, tmp_path):
 
 def test_a_shape_change_is_refused_and_nothing_is_written(char_data, tmp_path):
     out = tmp_path / "run"
-    assert run_cli("train", *tiny_train_args(char_data, out, **RUN), cwd=tmp_path).returncode == 0
+    train_in_process(*tiny_train_args(char_data, out, **RUN))  # the run to resume
     before = {p.name: digest(p) for p in out.iterdir()}
     r = run_cli("train", f"--out_dir={out}", "--init_from=resume", "--n_layer=6", "--max_iters=20", cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -93,7 +94,7 @@ def test_a_shape_change_is_refused_and_nothing_is_written(char_data, tmp_path):
 
 def test_a_damaged_config_json_is_named(char_data, tmp_path):
     out = tmp_path / "run"
-    assert run_cli("train", *tiny_train_args(char_data, out, **RUN), cwd=tmp_path).returncode == 0
+    train_in_process(*tiny_train_args(char_data, out, **RUN))  # the run to resume
     (out / "config.json").write_text('{"n_layer": "two"}')
     r = run_cli("train", f"--out_dir={out}", "--init_from=resume", cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli, tiny_train_args
+from conftest import TIKTOKEN_CACHE, need_shared, run_cli, tiny_train_args, train_in_process
 from gptforge.chat.conversations import Conversation, Message
 from gptforge.chat.pack import fill_rows, write_packed
 from gptforge.chat.render import chat_special_ids, render, render_prompt
@@ -43,12 +43,16 @@ def conversations(path: Path, n: int, seed: int, quiet_every: int = 3) -> None:
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
-@pytest.fixture
-def chat_data(tmp_path, tiktoken_cache) -> Path:
-    conversations(tmp_path / "talk.jsonl", 300, 0)
-    r = run_cli("prepare", "chat", "talk.jsonl", "--name=talk", f"--block_size={ROW}", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory) -> Path:
+    """The chat dataset `talk` (300 conversations, rows of ROW tokens), prepared once for the module: the tests
+    read it and write their runs elsewhere."""
+    need_shared(TIKTOKEN_CACHE)
+    folder = tmp_path_factory.mktemp("chat_data")
+    conversations(folder / "talk.jsonl", 300, 0)
+    r = run_cli("prepare", "chat", "talk.jsonl", "--name=talk", f"--block_size={ROW}", cwd=folder)
     assert r.returncode == 0, r.stderr
-    return tmp_path / "data"
+    return folder / "data"
 
 
 def batches(folder: Path, accum: int = 2, batch: int = 4) -> ChatBatches:
@@ -176,7 +180,7 @@ def test_packed_conversations_never_see_each_other(chat_data):
 def test_sft_from_a_pretraining_run_exports_a_hugging_face_chat_model(chat_data, bpe_data, tmp_path):
     transformers = pytest.importorskip("transformers")
     pretrain = tiny_train_args(bpe_data, tmp_path / "pre", dataset="bpe", block_size=ROW, max_iters=4, eval_interval=4)
-    assert run_cli("train", *pretrain, cwd=tmp_path).returncode == 0
+    train_in_process(*pretrain)  # the pretraining run that SFT, through the CLI, starts from
     sft = tiny_train_args(chat_data, tmp_path / "sft", dataset="talk", block_size=ROW, max_iters=6, eval_interval=6)
     r = run_cli("train", *sft, "--task=sft", f"--init_from={tmp_path / 'pre'}", "--chat_eval_examples=0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -258,8 +262,7 @@ def test_eval_loss_on_a_chat_dataset_is_the_mean_over_its_trained_tokens(chat_da
     """`gptforge eval loss` on an SFT run's chat dataset: the summed loss of the trained targets of the batches it
     draws, over their count (a float64 reference over the same batches), printed to 4 places."""
     sft = tiny_train_args(chat_data, tmp_path / "sft", dataset="talk", block_size=ROW, max_iters=2, eval_interval=2)
-    r = run_cli("train", *sft, "--task=sft", "--chat_eval_examples=0", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    train_in_process(*sft, "--task=sft", "--chat_eval_examples=0")  # the run to evaluate
     r = run_cli("eval", "loss", f"--out_dir={tmp_path / 'sft'}", "--eval_iters=3", "--batch_size=4", "--dtype=float32")
     assert r.returncode == 0, r.stderr
     printed = float(r.stdout.split("val loss ")[1].split()[0])

@@ -1,7 +1,5 @@
-"""Kill -9 campaigns against real `gptforge train` processes: the driver behind tests/test_faults.py.
-
-    python tests/fault_campaign.py --kills 60 --seed 0 --json            # char data, random loader
-    python tests/fault_campaign.py --kills 10 --loader sharded           # GPT-2 shards (needs ../shared/data)
+"""Kill -9 campaigns against real `gptforge train` processes: the engine behind tests/test_faults.py (a few kills
+in every test run) and scripts/fault_campaign.py (a bigger campaign's figures, docs/RELIABILITY.md).
 
 A campaign runs one uninterrupted reference run, then the same command in another out_dir, SIGKILLs it at
 seeded random moments and starts it again (`--init_from=resume` when out_dir/ckpt.pt exists, else from
@@ -26,25 +24,17 @@ leaves.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import signal
 import statistics
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # run as a script: the helpers beside it
-    sys.path.insert(0, str(HERE))
-
-from conftest import SHARED, SMALL_TEXT, tiny_train_args  # noqa: E402
-from fault_tools import CHILD_TIMEOUT, SRC, CampaignError, Child, ckpt_step, compare_runs  # noqa: E402
+from conftest import SHARED, tiny_train_args
+from fault_tools import CHILD_TIMEOUT, CampaignError, Child, ckpt_step, compare_runs
 
 # A run whose checkpoints come every other step (always_save_checkpoint is on by default) and whose dropout
 # draws from the global generator, so a resume must restore it; seconds long on one CPU thread.
@@ -288,17 +278,6 @@ def summary(figures: dict[str, Any]) -> str:
     )
 
 
-def prepare_char_data(folder: Path) -> Path:
-    """The tests' `tiny` char-level dataset (conftest's char_data) under folder/data; returns the data_dir."""
-    from gptforge.data.prepare import prepare
-
-    folder.mkdir(parents=True, exist_ok=True)
-    text_file = folder / "tiny.txt"
-    text_file.write_text(SMALL_TEXT, encoding="utf-8")
-    prepare("text", data_dir=str(folder / "data"), files=[str(text_file)], name="tiny", tokenizer="char")
-    return folder / "data"
-
-
 def prepare_shard_data(folder: Path) -> Path:
     """A GPT-2 token-shard dataset `web` (several train shards) from ../shared/data's web text; the data_dir."""
     from gptforge.data.shards import prepare_shards
@@ -328,31 +307,3 @@ SHARDED_RUN = dict(
     batch_size=4,
     block_size=16,
 )
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--kills", type=int, default=60)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--loader", choices=["random", "sharded"], default="random")
-    p.add_argument("--max_iters", type=int, default=None, help="default 50 (random), 12 (sharded)")
-    p.add_argument("--work", type=Path, default=None, help="keep the runs in this folder (default: a temp folder)")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
-    args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="fault-campaign-") as tmp:
-        work = args.work or Path(tmp)
-        overrides = dict(SHARDED_RUN) if args.loader == "sharded" else {}
-        if args.max_iters:
-            overrides.update(max_iters=args.max_iters, lr_decay_iters=args.max_iters)
-        data = prepare_shard_data(work) if args.loader == "sharded" else prepare_char_data(work)
-        quiet = lambda message: print(message, file=sys.stderr)  # noqa: E731  (stdout is the JSON's)
-        figures = run_campaign(
-            data, work / "runs", args.kills, args.seed, log=quiet if args.json else print, **overrides
-        )
-    print(json.dumps(figures, indent=2) if args.json else summary(figures))
-    return 0 if figures["equal"] and not figures["problems"] else 1
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(SRC))  # this checkout's gptforge here too, as in the children
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Benchmarks of talking to a model (issue 28): not a test, a script whose figures go to docs/PERFORMANCE.md.
 
-    python tests/serve_bench.py speed --out_dir RUN --hf EXPORT_FOLDER [--tokens 256] [--clients 8] [--json F]
-    python tests/serve_bench.py load --out_dir RUN [--requests 200] [--clients 16] [--json F]
+    python scripts/serve_bench.py speed --out_dir RUN --hf EXPORT_FOLDER [--tokens 256] [--clients 8] [--json F]
+    python scripts/serve_bench.py load --out_dir RUN [--requests 200] [--clients 16] [--json F]
 
 speed: single-stream greedy decode through gptforge's engine (a chat Session, the cache kept) and through
 transformers' `generate` on the run's `gptforge export` folder (same weights, same greedy tokens, the end-of-text token
@@ -28,7 +28,7 @@ from pathlib import Path
 import requests
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # chat_tools: the tests' own helpers
 from chat_tools import Server  # noqa: E402
 
 PROMPT = "The history of the world, as far as we know it, begins with"
