@@ -130,8 +130,8 @@ def test_special_ids_come_from_the_tokenizer(tok):
     assert chat_special_ids(OwnBPE()) == {name: 1000 + i for i, name in enumerate(SPECIALS)}
     with pytest.raises(UserError, match="GPT-2 BPE or an own BPE tokenizer"):
         chat_special_ids(CharTokenizer(list("abc")))
-    with pytest.raises(UserError, match="role 'tool'"):
-        render([{"role": "tool", "content": "x"}], tok, IDS)
+    with pytest.raises(UserError, match="role 'robot'"):
+        render([{"role": "robot", "content": "x"}], tok, IDS)
 
 
 # --- the Hugging Face template -------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def test_hf_folder_is_chat_ready(hf_tokenizer):
     assert hf_tokenizer("hello <|user_end|>")["input_ids"][-1] == USER_END  # HF splits added tokens out of text
     assert chat_generation_config()["eos_token_id"] == ASST_END
     with pytest.raises(Exception, match="unknown chat role"):
-        hf_tokenizer.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+        hf_tokenizer.apply_chat_template([{"role": "robot", "content": "x"}], tokenize=False)
 
 
 def test_add_chat_tokens_refuses_a_folder_that_is_not_gpt2(tmp_path):

@@ -43,7 +43,16 @@ GROUPS = [
         "tokenizer.bpe",
         "tokenizer.spec",
     ),
-    ("chat.conversations", "chat.render", "chat.synthetic", "chat.template", "chat.pack", "chat.prepare"),  # chat data
+    (
+        "chat.calculator",
+        "chat.tools",
+        "chat.conversations",
+        "chat.render",
+        "chat.synthetic",
+        "chat.template",
+        "chat.pack",
+        "chat.prepare",
+    ),  # chat data
     # documents in (and tokenizers trained on them)
     ("data", "data.options", "data.sources", "tokenizer.train", "tokenizer.options", "tokenizer.command"),
     ("data.chat_batches", "data.loader", "data.prepare", "data.shards", "data.command"),  # datasets in, batches out

@@ -17,11 +17,18 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptforge.chat.tools import call_text, check_callable, parse_tool_calls, tool_functions
 from gptforge.core.errors import UserError
 
 FORMATS = ("openai", "sharegpt", "alpaca")
 ROLES = ("system", "user", "assistant")
-OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+OPENAI_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool_output",
+}
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 EXAMPLE = '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}'
 FORMATS_HELP = (
@@ -32,9 +39,10 @@ FORMATS_HELP = (
 
 @dataclass(frozen=True)
 class Message:
-    role: str  # "system", "user" or "assistant" (the renderer also knows "tool_call" and "tool_output")
+    role: str  # "system", "user", "assistant", "tool_call" (content: call_text) or "tool_output" (a tool's answer)
     content: str
-    train: bool = True  # False: kept as context, never trained on (only matters for the assistant's messages)
+    train: bool = True  # False: kept as context, never trained on (only matters for what the assistant writes)
+    call_id: str = ""  # a tool call's id, or the id of the call a tool output answers
 
 
 @dataclass
@@ -42,15 +50,35 @@ class Conversation:
     messages: list[Message]
     where: str = ""  # FILE:LINE (or the dataset's key) it was read from, for messages about it
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. a synthetic task's kind and answer
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the functions offered (chat/tools.py)
 
     def to_openai(self) -> dict[str, Any]:
         """As a line of OpenAI-format JSONL (what `read_file` reads back to the same conversation)."""
-        return {"messages": [as_dict(m) for m in self.messages]}
+        messages: list[dict[str, Any]] = []
+        for m in self.messages:
+            if m.role == "tool_call":
+                if not messages or messages[-1]["role"] != "assistant":
+                    messages.append({"role": "assistant", "content": None})
+                messages[-1].setdefault("tool_calls", []).append(openai_call(m))
+            else:
+                messages.append(as_dict(m))
+        tools = [{"type": "function", "function": f} for f in self.tools]
+        return {"messages": messages, **({"tools": tools} if tools else {})}
 
 
 def as_dict(message: Message) -> dict[str, Any]:
+    if message.role == "tool_output":
+        return {"role": "tool", "tool_call_id": message.call_id, "content": message.content}
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     return out if message.train else {**out, "train": False}
+
+
+def openai_call(message: Message) -> dict[str, Any]:
+    """A tool_call message as an entry of OpenAI's "tool_calls"."""
+    call = json.loads(message.content)
+    arguments = call["arguments"]
+    arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {"id": message.call_id, "type": "function", "function": {"name": call["name"], "arguments": arguments}}
 
 
 def read_conversations(paths: Iterable[str], fmt: str | None = None, training: bool = True) -> list[Conversation]:
@@ -145,6 +173,8 @@ def parse_record(obj: Any, where: str, fmt: str | None = None, training: bool = 
         keys = ", ".join(map(repr, list(obj)[:8])) or "none"
         raise UserError(f"{where}: no conversation in this record (keys: {keys}); {FORMATS_HELP}")
     conversation = Conversation(PARSERS[kind](obj, where), where)
+    if kind == "openai" and obj.get("tools") is not None:
+        conversation.tools = tool_functions(obj["tools"], where)
     check_conversation(conversation, training)
     return conversation
 
@@ -155,16 +185,31 @@ def _openai(obj: dict[str, Any], where: str) -> list[Message]:
         raise UserError(f'{where}: "messages" must be a non-empty list of {{"role", "content"}} objects')
     messages = []
     for i, item in enumerate(items, 1):
-        if not isinstance(item, dict) or "role" not in item or "content" not in item:
+        if not isinstance(item, dict) or "role" not in item or ("content" not in item and "tool_calls" not in item):
             raise UserError(f'{where}: message {i} needs "role" and "content", e.g. {{"role": "user", "content": ...}}')
         role = OPENAI_ROLES.get(item["role"]) if isinstance(item["role"], str) else None
         if role is None:
             raise UserError(
-                f"{where}: message {i} has role {item['role']!r}; chat knows 'system', 'user' and 'assistant': "
-                "rename or remove it"
+                f"{where}: message {i} has role {item['role']!r}; chat knows 'system', 'user', 'assistant' and "
+                "'tool': rename or remove it"
             )
-        messages.append(Message(role, _content(item["content"], where, i), _train_flag(item, where, i)))
+        messages += _openai_message(item, role, where, i)
     return messages
+
+
+def _openai_message(item: dict[str, Any], role: str, where: str, i: int) -> list[Message]:
+    """One OpenAI message as Messages: an assistant message with tool_calls is its text (if any), then a
+    tool_call message for each call; a tool message is a tool_output that names the call it answers."""
+    train = _train_flag(item, where, i)
+    if role == "tool_output":
+        call_id = item.get("tool_call_id", "")
+        if not isinstance(call_id, str):
+            raise UserError(f'{where}: message {i} (tool): "tool_call_id" must be the id of the call it answers')
+        return [Message(role, _content(item.get("content"), where, i), False, call_id)]
+    calls = parse_tool_calls(item, where, i) if role == "assistant" else []
+    text = _content(item.get("content"), where, i) if item.get("content") is not None or not calls else ""
+    head = [Message(role, text, train)] if text or not calls else []
+    return head + [Message("tool_call", call_text(name, arguments), train, cid) for cid, name, arguments in calls]
 
 
 def _sharegpt(obj: dict[str, Any], where: str) -> list[Message]:
@@ -219,33 +264,84 @@ def _train_flag(item: dict[str, Any], where: str, i: int) -> bool:
     return train and weight == 1
 
 
+# what may follow each role after the system message (None: the start); an assistant turn is a run of
+# assistant text, tool calls and tool outputs
+FOLLOWS = {
+    None: ("user",),
+    "user": ("assistant", "tool_call"),
+    "assistant": ("user", "tool_call"),
+    "tool_call": ("tool_call", "tool_output"),
+    "tool_output": ("tool_output", "tool_call", "assistant"),
+}
+
+
 def check_conversation(conversation: Conversation, training: bool = True) -> None:
-    """An optional system message first, then user / assistant alternating from the user; training: an assistant
-    message last. Contents may be empty only in assistant messages that are not trained."""
+    """An optional system message first, then user messages and assistant turns alternating from the user (an
+    assistant turn may call tools: its calls, each answered by a tool output, then more text); training: an
+    assistant message last. Contents may be empty only in assistant messages that are not trained."""
     where, messages = conversation.where or "conversation", conversation.messages
     offset = 1 if messages and messages[0].role == "system" else 0
     body = messages[offset:]
     if not body:
         raise UserError(f"{where}: only a system message; add the user's message and the assistant's answer")
-    for i, message in enumerate(body):
-        expected = ("user", "assistant")[i % 2]
+    previous = None
+    for i, message in enumerate(body, offset + 1):
         if message.role == "system":
-            raise UserError(f"{where}: message {i + offset + 1} is a second system message; only the first may be one")
-        if message.role != expected:
-            raise UserError(
-                f"{where}: message {i + offset + 1} is {message.role!r} where {expected!r} belongs: after an optional "
-                "system message, user and assistant messages alternate, starting with the user's"
-            )
-    if training and len(body) < 2:
-        raise UserError(f"{where}: no assistant message; a training conversation needs an answer to learn from")
+            raise UserError(f"{where}: message {i} is a second system message; only the first may be one")
+        if message.role not in FOLLOWS[previous]:
+            raise UserError(f"{where}: message {i} is {_named(message.role)} after {_named(previous)}: " + _ORDER)
+        previous = message.role
+    _check_calls(conversation, where)
     if training and body[-1].role != "assistant":
-        raise UserError(f"{where}: the last message is the user's, with no answer; end with an assistant message")
+        if len(body) < 2:
+            raise UserError(f"{where}: no assistant message; a training conversation needs an answer to learn from")
+        raise UserError(
+            f"{where}: the last message is {_named(body[-1].role)}, with no answer; end with an assistant message"
+        )
     for i, message in enumerate(messages, 1):
         if not message.content.strip() and (message.role != "assistant" or message.train):
             raise UserError(
                 f"{where}: message {i} ({message.role}) is empty; give it text"
                 + (' (or mark it "train": false to keep it as context)' if message.role == "assistant" else "")
             )
+
+
+_ORDER = (
+    "after an optional system message, user messages and assistant answers alternate, starting with the user's; "
+    "an answer's tool calls are each answered by a tool message before it goes on"
+)
+
+
+def _named(role: str | None) -> str:
+    return {None: "the start", "tool_call": "a tool call", "tool_output": "a tool message"}.get(role, f"{role!r}")
+
+
+def _check_calls(conversation: Conversation, where: str) -> None:
+    """Each round of tool calls is answered by as many tool messages, each naming one of those calls (when the
+    calls have ids), before anything else; every call is to a function the conversation offers or a built-in one."""
+    group, answered = [], 0  # the ids of the round of calls under way, and how many are answered
+    for i, message in enumerate(conversation.messages, 1):
+        if message.role != "tool_output" and answered < len(group) and (answered or message.role != "tool_call"):
+            raise UserError(
+                f"{where}: message {i}: {len(group) - answered} tool call(s) before it have no tool message"
+            )
+        if message.role == "tool_call":
+            group, answered = (group, answered) if not answered else ([], 0)
+            group.append(message.call_id)
+            check_callable(json.loads(message.content)["name"], conversation.tools, f"{where}: message {i}")
+        elif message.role == "tool_output":
+            answered += 1
+            if answered > len(group):
+                raise UserError(f"{where}: message {i} (tool) answers no call: more tool messages than calls")
+            if any(group) and message.call_id not in group:
+                raise UserError(
+                    f"{where}: message {i} (tool) answers call id {message.call_id!r}, which none of the calls before "
+                    f"it has ({', '.join(map(repr, group))})"
+                )
+        else:
+            group, answered = [], 0
+    if answered < len(group):
+        raise UserError(f"{where}: {len(group) - answered} tool call(s) at the end have no tool message")
 
 
 # The Chit-Chat Challenge conversations of BYU's Perception, Control and Cognition lab: the `chitchat-dataset`

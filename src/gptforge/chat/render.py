@@ -2,10 +2,13 @@
 Face template (chat/template.py) all agree on.
 
 Format: <|bos|>, then each message as <|role_start|> + the content encoded as ordinary text + <|role_end|>; the
-system message is a turn of its own. mask[i] = 1 when token i is trained as a prediction (its loss counts): exactly
-the content and end token of the assistant's messages (and tool calls, which the assistant writes), never bos, a
-start token, a system, user or tool-output turn, nor a message marked train=False. A user who types "<|user_end|>"
-gets text tokens: only this module places special ids.
+system message is a turn of its own (the functions a conversation offers listed at its end, chat/tools.py). An
+assistant turn that uses tools stays one turn: <|assistant_start|>, its text, each call as <|tool_call_start|> +
+call text + <|tool_call_end|>, each tool's answer as <|tool_output_start|> + output + <|tool_output_end|>, more
+text, <|assistant_end|>. mask[i] = 1 when token i is trained as a prediction (its loss counts): exactly what the
+assistant writes (its text, its calls with their start and end tokens, <|assistant_end|>), never bos,
+<|assistant_start|>, a system, user or tool output, nor a message marked train=False. A user who types
+"<|user_end|>" gets text tokens: only this module places special ids.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptforge.chat.conversations import Conversation, Message
+from gptforge.chat.tools import tools_text
 from gptforge.core.errors import UserError
 from gptforge.tokenizer.specials import BOS, ROLES, SPECIALS, gpt2_special_ids, role_tokens
 
 TRAINED_ROLES = ("assistant", "tool_call")  # what the model writes; everything else is context
+TURN_ROLES = ("assistant", "tool_call", "tool_output")  # the parts of one assistant turn
 
 
 class TooLong(UserError):
@@ -77,19 +82,48 @@ class Encoded:
 
     @property
     def header(self) -> int:
-        return 1 + sum(len(self.contents[i]) + 2 for i in self.system)
+        return 1 + sum(self.length(i) for i in self.system)
 
     def exchanges(self) -> list[tuple[int, int]]:
         """(first, end) message indices of each exchange; trailing messages with no answer form the last one."""
         out, first = [], len(self.system)
         for i in range(first, len(self.messages)):
-            if self.messages[i].role == "assistant" or i == len(self.messages) - 1:
+            if self.closes(i) or i == len(self.messages) - 1:
                 out.append((first, i + 1))
                 first = i + 1
         return out
 
+    def opens(self, i: int) -> bool:
+        """Message i starts an assistant turn."""
+        return self.messages[i].role in TURN_ROLES and (i == 0 or self.messages[i - 1].role not in TURN_ROLES)
+
+    def closes(self, i: int) -> bool:
+        """Message i ends an assistant turn (its text is the turn's last part)."""
+        last = i + 1 == len(self.messages) or self.messages[i + 1].role not in TURN_ROLES
+        return self.messages[i].role == "assistant" and last
+
+    def tokens(self, i: int, special_ids: dict[str, int]) -> tuple[list[int], list[int]]:
+        """Message i's ids and whether each is written by the assistant (before train flags)."""
+        role, content = self.messages[i].role, self.contents[i]
+        if role not in TURN_ROLES:
+            start, stop = role_tokens(role)
+            return [special_ids[start], *content, special_ids[stop]], [0] * (len(content) + 2)
+        ids, written = ([special_ids[role_tokens("assistant")[0]]], [0]) if self.opens(i) else ([], [])
+        if role == "assistant":
+            end = [special_ids[role_tokens("assistant")[1]]] if self.closes(i) else []
+            return ids + content + end, written + [1] * (len(content) + len(end))
+        start, stop = role_tokens(role)
+        ids += [special_ids[start], *content, special_ids[stop]]
+        return ids, written + [int(role == "tool_call")] * (len(content) + 2)
+
+    def length(self, i: int) -> int:
+        role = self.messages[i].role
+        if role == "assistant":
+            return len(self.contents[i]) + self.opens(i) + self.closes(i)
+        return len(self.contents[i]) + 2 + self.opens(i)
+
     def exchange_lengths(self) -> list[int]:
-        return [sum(len(self.contents[i]) + 2 for i in range(a, b)) for a, b in self.exchanges()]
+        return [sum(self.length(i) for i in range(a, b)) for a, b in self.exchanges()]
 
     def fitting(self, max_tokens: int, first: int = 0) -> int:
         """How many exchanges from exchange `first` on fit in max_tokens with the header."""
@@ -107,21 +141,33 @@ class Encoded:
         """(ids, mask) of the header and exchanges[first:end]."""
         picked = [i for a, b in self.exchanges()[first:end] for i in range(a, b)]
         last = max((i for i in picked if self.messages[i].role in TRAINED_ROLES), default=-1)
+        last_turn = max((i for i in picked if i <= last and self.opens(i)), default=-1)
         ids, mask = [special_ids[BOS]], [0]
         for i in self.system + picked:
-            m = self.messages[i]
-            trained = m.role in TRAINED_ROLES and m.train and (not last_turn_only or i == last)
-            start, stop = role_tokens(m.role)
-            ids += [special_ids[start], *self.contents[i], special_ids[stop]]
-            mask += [0, *[int(trained)] * len(self.contents[i]), int(trained)]
+            trained = self.messages[i].train and (not last_turn_only or i >= last_turn)
+            more, written = self.tokens(i, special_ids)
+            ids += more
+            mask += [w & trained for w in written]
         return ids, mask
 
 
-def encode(conversation: Conversation | Sequence[Message | dict[str, Any]], tokenizer: Any) -> Encoded:
+def encode(
+    conversation: Conversation | Sequence[Message | dict[str, Any]], tokenizer: Any, tools: list | None = None
+) -> Encoded:
     """Each message's content as ordinary text (a special token's string stays text: the tokenizer's `encode`
-    must never produce special ids, as GPT2Tokenizer.encode does not)."""
-    messages = _messages(conversation)
+    must never produce special ids, as GPT2Tokenizer.encode does not). `tools`: the function schemas offered
+    (default: the conversation's own), listed at the end of the system turn."""
+    messages = with_tools(_messages(conversation), getattr(conversation, "tools", []) if tools is None else tools)
     return Encoded(messages, [list(tokenizer.encode(m.content)) for m in messages])
+
+
+def with_tools(messages: list[Message], functions: list[dict[str, Any]]) -> list[Message]:
+    """The messages with the functions listed at the end of the system message (one made when there is none)."""
+    if not functions:
+        return messages
+    if messages and messages[0].role == "system":
+        return [Message("system", f"{messages[0].content}\n\n{tools_text(functions)}"), *messages[1:]]
+    return [Message("system", tools_text(functions)), *messages]
 
 
 def render(
@@ -130,11 +176,12 @@ def render(
     special_ids: dict[str, int],
     max_tokens: int | None = None,
     last_turn_only: bool = False,
+    tools: list | None = None,
 ) -> tuple[list[int], list[int]]:
     """(ids, mask) of a conversation. Longer than max_tokens: cut after the last exchange that fits (whole
     exchanges dropped from the end); raises TooLong (a UserError) when even the first one does not fit.
     last_turn_only: only the last assistant message rendered is trained."""
-    encoded = encode(conversation, tokenizer)
+    encoded = encode(conversation, tokenizer, tools)
     end = None if max_tokens is None else encoded.fitting(max_tokens)
     if end == 0 and encoded.exchanges():
         needed = encoded.header + encoded.exchange_lengths()[0]
@@ -143,8 +190,14 @@ def render(
 
 
 def render_prompt(
-    messages: Sequence[Message | dict[str, Any]], tokenizer: Any, special_ids: dict[str, int]
+    messages: Conversation | Sequence[Message | dict[str, Any]],
+    tokenizer: Any,
+    special_ids: dict[str, int],
+    tools: list | None = None,
 ) -> list[int]:
-    """The ids a model continues to answer: the conversation so far, then <|assistant_start|>."""
-    ids, _ = encode(messages, tokenizer).render(special_ids)
-    return [*ids, special_ids[role_tokens("assistant")[0]]]
+    """The ids a model continues to answer: the conversation so far, then <|assistant_start|> (none after a tool's
+    output: the assistant's turn goes on)."""
+    encoded = encode(messages, tokenizer, tools)
+    ids, _ = encoded.render(special_ids)
+    going_on = encoded.messages and encoded.messages[-1].role == "tool_output"
+    return ids if going_on else [*ids, special_ids[role_tokens("assistant")[0]]]

@@ -18,26 +18,52 @@ import json
 import os
 from typing import Any
 
+from gptforge.chat.tools import TOOLS_HEADER
 from gptforge.core.errors import UserError
-from gptforge.tokenizer.specials import BOS, CHAT_SPECIALS, GPT2_BOUNDARY, ROLES, gpt2_special_ids, role_tokens
+from gptforge.tokenizer.specials import BOS, CHAT_SPECIALS, GPT2_BOUNDARY, gpt2_special_ids, role_tokens
 
-_ROLE_LIST = "[" + ", ".join(f"'{r}'" for r in ROLES) + "]"
+_CALL = (  # one call as chat/tools.call_text writes it
+    "{%- set f = call['function'] if call['function'] is defined else call -%}"
+    "{{- '<|tool_call_start|>{\"name\": \"' ~ f['name'] ~ '\", \"arguments\": ' -}}"
+    "{{- (f['arguments'] if f['arguments'] is string else f['arguments'] | tojson) ~ '}<|tool_call_end|>' -}}"
+)
 CHAT_TEMPLATE = (
     "{{- bos_token -}}"
+    "{%- set ns = namespace(turn=false, listed='') -%}"
+    "{%- if tools -%}{%- set ns.listed = '" + TOOLS_HEADER + "' -%}"
+    "{%- for tool in tools -%}"
+    "{%- set ns.listed = ns.listed ~ '\n' ~ ((tool['function'] if tool['function'] is defined else tool) | tojson) -%}"
+    "{%- endfor -%}"
+    "{%- if not messages or messages[0]['role'] not in ['system', 'developer'] -%}"
+    "{{- '<|system_start|>' ~ ns.listed ~ '<|system_end|>' -}}"
+    "{%- endif -%}{%- endif -%}"
     "{%- for message in messages -%}"
-    f"{{%- if message['role'] not in {_ROLE_LIST} -%}}"
-    "{{- raise_exception('unknown chat role ' ~ message['role'] ~ '; the roles are " + ", ".join(ROLES) + "') -}}"
+    "{%- set role = {'developer': 'system', 'tool': 'tool_output'}.get(message['role'], message['role']) -%}"
+    "{%- set content = message['content'] if message['content'] is string else '' -%}"
+    "{%- set trained = not (message['train'] is defined and not message['train']) -%}"
+    "{%- if role in ['system', 'user'] -%}"
+    "{%- if role == 'system' and loop.first and ns.listed -%}{%- set content = content ~ '\n\n' ~ ns.listed -%}"
     "{%- endif -%}"
-    "{%- set end = '<|' ~ message['role'] ~ '_end|>' -%}"
-    "{{- '<|' ~ message['role'] ~ '_start|>' -}}"
-    "{%- if message['role'] in ['assistant', 'tool_call'] and not (message['train'] is defined and not "
-    "message['train']) -%}"
-    "{%- generation -%}{{- message['content'] ~ end -}}{%- endgeneration -%}"
+    "{{- '<|' ~ role ~ '_start|>' ~ content ~ '<|' ~ role ~ '_end|>' -}}"
+    "{%- elif role == 'tool_output' -%}"
+    "{{- '<|tool_output_start|>' ~ content ~ '<|tool_output_end|>' -}}"
+    "{%- elif role == 'assistant' -%}"
+    "{%- if not ns.turn -%}{{- '<|assistant_start|>' -}}{%- set ns.turn = true -%}{%- endif -%}"
+    "{%- set calls = message['tool_calls'] if message['tool_calls'] is defined and message['tool_calls'] else [] -%}"
+    "{%- if trained -%}{%- generation -%}{{- content -}}"
+    "{%- for call in calls -%}" + _CALL + "{%- endfor -%}"
+    "{%- if not calls -%}{{- '<|assistant_end|>' -}}{%- endif -%}{%- endgeneration -%}"
+    "{%- else -%}{{- content -}}"
+    "{%- for call in calls -%}" + _CALL + "{%- endfor -%}"
+    "{%- if not calls -%}{{- '<|assistant_end|>' -}}{%- endif -%}"
+    "{%- endif -%}"
+    "{%- if not calls -%}{%- set ns.turn = false -%}{%- endif -%}"
     "{%- else -%}"
-    "{{- message['content'] ~ end -}}"
+    "{{- raise_exception('unknown chat role ' ~ message['role'] ~ '; the roles are system, user, assistant, tool') -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|assistant_start|>' -}}{%- endif -%}"
+    "{%- if add_generation_prompt and not (messages and messages[-1]['role'] == 'tool') -%}"
+    "{{- '<|assistant_start|>' -}}{%- endif -%}"
 )
 
 
