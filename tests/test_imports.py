@@ -59,7 +59,14 @@ GROUPS = [
     # weights in and out of files
     ("weights.options", "weights.checkpoint", "weights.pretrained", "weights.load", "weights.export"),
     ("infer.options", "infer.engine", "infer.decode", "infer.sample"),  # using a model
-    ("infer.textstream", "infer.sampling", "infer.chat_model", "infer.session", "infer.chat_cli"),  # talking to it
+    (
+        "infer.textstream",
+        "infer.toolcalls",
+        "infer.sampling",
+        "infer.chat_model",
+        "infer.session",
+        "infer.chat_cli",
+    ),  # talking to it
     ("infer.batcher", "infer.openai_api", "infer.serve_options", "infer.serve"),  # serving it
     ("evaluate.options", "evaluate.loss", "evaluate.chat", "evaluate.hellaswag", "evaluate.harness_model"),
     ("evaluate.harness",),

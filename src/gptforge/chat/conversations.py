@@ -193,11 +193,11 @@ def _openai(obj: dict[str, Any], where: str) -> list[Message]:
                 f"{where}: message {i} has role {item['role']!r}; chat knows 'system', 'user', 'assistant' and "
                 "'tool': rename or remove it"
             )
-        messages += _openai_message(item, role, where, i)
+        messages += openai_message(item, role, where, i)
     return messages
 
 
-def _openai_message(item: dict[str, Any], role: str, where: str, i: int) -> list[Message]:
+def openai_message(item: dict[str, Any], role: str, where: str, i: int) -> list[Message]:
     """One OpenAI message as Messages: an assistant message with tool_calls is its text (if any), then a
     tool_call message for each call; a tool message is a tool_output that names the call it answers."""
     train = _train_flag(item, where, i)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gptforge.chat.conversations import Conversation, Message
+from gptforge.chat.conversations import OPENAI_ROLES, Conversation, Message, openai_message
 from gptforge.chat.tools import tools_text
 from gptforge.core.errors import UserError
 from gptforge.tokenizer.specials import BOS, ROLES, SPECIALS, gpt2_special_ids, role_tokens
@@ -58,7 +58,12 @@ def as_message(message: Message | dict[str, Any]) -> Message:
 
 def _messages(conversation: Conversation | Sequence[Message | dict[str, Any]]) -> list[Message]:
     items = conversation.messages if isinstance(conversation, Conversation) else conversation
-    messages = [as_message(m) for m in items]
+    messages = []
+    for i, m in enumerate(items, 1):
+        if isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool"):  # OpenAI's tool messages
+            messages += openai_message(m, OPENAI_ROLES[m["role"]], "conversation", i)
+        else:
+            messages.append(as_message(m))
     for i, m in enumerate(messages, 1):
         if m.role not in ROLES:
             raise UserError(f"message {i} has role {m.role!r}; the roles are {', '.join(ROLES)}")

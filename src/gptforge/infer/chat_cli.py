@@ -16,6 +16,7 @@ from gptforge.infer.decode import enable_compile
 from gptforge.infer.options import ChatArgs, _temperature, _top_p
 from gptforge.infer.sampling import SamplingParams
 from gptforge.infer.session import Session
+from gptforge.infer.toolcalls import ToolCall, builtin_tools
 
 HELP = """commands:
   /system TEXT      set the system message (the conversation starts again); /system alone shows it
@@ -37,11 +38,12 @@ def chat(args: ChatArgs, out=None, err=None) -> None:
     def notify(message: str) -> None:
         print(f"[{message}]", file=err, flush=True)
 
-    session = Session(lm, args.system, notify)
+    session = Session(lm, args.system, notify, builtin_tools(args.tools))
     if args.prompt is not None:
         if not lm.chat:
             notify(lm.describe())
-        for piece in session.answer(args.prompt, params(args, 0), args.max_new_tokens, args.stop):
+        shown = shown_calls(err)  # stdout holds the answer only
+        for piece in session.answer(args.prompt, params(args, 0), args.max_new_tokens, args.stop, on_tool=shown):
             out.write(piece)
             out.flush()
         out.write("\n")
@@ -49,6 +51,18 @@ def chat(args: ChatArgs, out=None, err=None) -> None:
     notify(lm.describe())
     notify("type a message; /help lists the commands, Ctrl-C stops an answer, Ctrl-D or /quit leaves")
     Repl(session, args, out, err, notify).run()
+
+
+def shown_calls(out) -> Callable[[ToolCall], None]:
+    """Show a tool call and its output on `out`, dimmed on a terminal, between brackets everywhere."""
+    dim, plain = ("\x1b[2m", "\x1b[0m") if getattr(out, "isatty", lambda: False)() else ("", "")
+
+    def show(call: ToolCall) -> None:
+        name = call.name or "?"
+        out.write(f"{dim}[{name} {call.arguments} -> {call.output}]{plain}")
+        out.flush()
+
+    return show
 
 
 def params(args: ChatArgs, turn: int) -> SamplingParams:
@@ -126,8 +140,9 @@ class Repl:
         self.out.flush()
         with interrupt_flag() as stopped:
             for piece in self.session.answer(
-                text, params(self.args, self.turn), self.args.max_new_tokens, self.args.stop, stopped
-            ):
+                text, params(self.args, self.turn), self.args.max_new_tokens, self.args.stop, stopped,
+                shown_calls(self.out),
+            ):  # fmt: skip
                 self.out.write(piece)
                 self.out.flush()
         self.turn += 1

@@ -17,6 +17,11 @@ COMPILE_HELP = (
     "(on where a C++ compiler, or Triton on CUDA, is there; a failure falls back to eager, and says so)"
 )
 
+TOOL_CHOICES = ("calculator", "none")  # --tools: the built-in tools the engine runs (chat/tools.py BUILTIN)
+TOOLS_HELP = (
+    "the built-in tool the engine runs when the model calls it: calculator, or none (a call gets an error back)"
+)
+
 
 def _temperature(value: float) -> str | None:
     return "must be a finite number >= 0 (0 = greedy)" if not 0.0 <= value < math.inf else None
@@ -102,6 +107,7 @@ class ChatArgs:
     device: str = device_setting()
     dtype: str = dtype_setting()
     compile: str = setting("off", COMPILE_HELP + "; chat's default is off: it starts at once", choices=COMPILE_CHOICES)
+    tools: str = setting("calculator", TOOLS_HELP, choices=TOOL_CHOICES)
 
 
 @dataclass(frozen=True, kw_only=True)

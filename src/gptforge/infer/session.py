@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from gptforge.chat.conversations import read_file
 from gptforge.chat.render import encode as encode_conversation
+from gptforge.chat.tools import BUILTIN
 from gptforge.core.console import log
 from gptforge.core.errors import UserError
 from gptforge.core.files import atomic_write
@@ -25,6 +26,7 @@ from gptforge.infer.chat_model import LoadedModel
 from gptforge.infer.engine import Rows
 from gptforge.infer.sampling import RowSampler, SamplingParams
 from gptforge.infer.textstream import TextStream
+from gptforge.infer.toolcalls import CallWatcher, ToolCall
 from gptforge.tokenizer.specials import role_tokens
 
 
@@ -33,14 +35,55 @@ class Reply:
     text: str
     tokens: int  # generated, the stop token not counted
     finish_reason: str  # 'stop' (end token or stop string), 'length' (budget or context), 'interrupted'
+    calls: list[ToolCall] = field(default_factory=list)  # the tool calls the answer made, with their outputs
+
+
+class Answer:
+    """An answer being generated: its sampler, the text since its last tool call (stream), the messages before
+    that (parts: assistant text with a call, the tool's output), where that text's tokens start (segment), and
+    how many tokens the answer holds (made: text, calls and outputs; segment: those before the text)."""
+
+    def __init__(self, sampler: RowSampler, stop: list[str], lm: LoadedModel, tools: frozenset[str]):
+        self.sampler, self.stop, self.lm = sampler, stop, lm
+        self.stream = TextStream(lm.text.bytes, stop)
+        self.watcher = CallWatcher(lm.special_ids, lm.text.text, lm.encode, tools) if lm.chat else None
+        self.parts: list[dict[str, Any]] = []
+        self.segment, self.made, self.finish = 0, 0, "length"
+
+    def push(self, token: int) -> Iterator[str]:
+        """The text a token adds, unless it is part of a tool call."""
+        if self.watcher is not None and (self.watcher.inside is not None or token == self.watcher.start):
+            if token == self.watcher.start:
+                rest = self.stream.finish()
+                if rest:
+                    yield rest
+            return
+        piece = self.stream.push(token)
+        if piece:
+            yield piece
+
+    def called(self, call: ToolCall) -> None:
+        """A call closed and its output fed: the text before it and the call become messages, new text starts."""
+        function = {"name": call.name, "arguments": call.arguments}
+        tool_call = {"id": call.call_id, "type": "function", "function": function}
+        self.parts.append({"role": "assistant", "content": self.stream.text or None, "tool_calls": [tool_call]})
+        self.parts.append({"role": "tool", "tool_call_id": call.call_id, "content": call.output or ""})
+        self.stream = TextStream(self.lm.text.bytes, self.stop)
+        self.segment = self.made
 
 
 class Session:
     """A conversation: `answer(text, ...)` streams the reply to a user message, `set_system`, `clear`, `save` and
     `load` change or keep it. `notify` receives what the user should know (turns dropped from the context)."""
 
-    def __init__(self, lm: LoadedModel, system: str | None = None, notify: Callable[[str], None] = log):
-        self.lm, self.notify = lm, notify
+    def __init__(
+        self,
+        lm: LoadedModel,
+        system: str | None = None,
+        notify: Callable[[str], None] = log,
+        tools: frozenset[str] = frozenset(BUILTIN),
+    ):
+        self.lm, self.notify, self.tools = lm, notify, tools  # tools: the built-in tools the engine runs
         self.rows = Rows(lm.model, step=lm.decode)
         self.prefilled = self.stepped = 0
         self.messages: list[dict[str, str]] = []
@@ -89,9 +132,11 @@ class Session:
         max_new_tokens: int,
         stop: list[str] | None = None,
         interrupted: Callable[[], bool] = lambda: False,
+        on_tool: Callable[[ToolCall], None] | None = None,
     ) -> Iterator[str]:
         """Stream the reply to `text` in pieces of text; afterwards `last` holds the Reply. A message that cannot
-        fit in the context even alone is a UserError (the conversation is left as it was)."""
+        fit in the context even alone is a UserError (the conversation is left as it was). A call to a built-in
+        tool is run and its output fed (infer/toolcalls.py); `on_tool` sees each call with its output."""
         new = self._turn(text)
         self.messages.append({"role": "user", "content": text})
         reserve = min(max_new_tokens, self.lm.block_size // 4)
@@ -104,35 +149,40 @@ class Session:
                 f"with the system message ({len(self._render(self.messages[:1] if self.system else []))} tokens) "
                 "and room for an answer: shorten it"
             )
-        made = 0  # tokens generated: the answer is the last `made` of self.ids (which a dropped turn shortens)
         sampler = RowSampler(params, self.lm.vocab, self.lm.device, self.ids)
-        stream = TextStream(self.lm.text.bytes, stop or [])
-        finish = "length"
+        answer = Answer(sampler, stop or [], self.lm, self.tools)
         with torch.no_grad(), self.lm.autocast():
+            yield from self._generate(answer, max_new_tokens, interrupted, on_tool or (lambda call: None))
+        self._close(answer)
+
+    def _generate(self, answer: Answer, max_new_tokens: int, interrupted, on_tool) -> Iterator[str]:
+        logits = self._catch_up()
+        while answer.made < max_new_tokens:
+            if interrupted():
+                answer.finish = "interrupted"
+                break
+            token = answer.sampler.choose(logits[0, : self.lm.vocab]).token
+            if token in self.lm.stop_ids:
+                answer.finish = "stop"
+                break
+            self.ids.append(token)
+            answer.made += 1
+            yield from answer.push(token)
+            call = answer.watcher.push(token) if answer.watcher else None
+            if call is not None:
+                self.ids += call.feed  # the tool's output: the answer goes on after it
+                answer.made += len(call.feed)
+                answer.called(call)
+                on_tool(call)
+            if answer.stream.stopped:
+                answer.finish = "stop"
+                break
+            if answer.made >= max_new_tokens or not self._room(answer.made):
+                break
             logits = self._catch_up()
-            while made < max_new_tokens:
-                if interrupted():
-                    finish = "interrupted"
-                    break
-                token = sampler.choose(logits[0, : self.lm.vocab]).token
-                if token in self.lm.stop_ids:
-                    finish = "stop"
-                    break
-                self.ids.append(token)
-                made += 1
-                piece = stream.push(token)
-                if piece:
-                    yield piece
-                if stream.stopped:
-                    finish = "stop"
-                    break
-                if made >= max_new_tokens or not self._room(made):
-                    break
-                logits = self._catch_up()
-        rest = stream.finish()
+        rest = answer.stream.finish()
         if rest:
             yield rest
-        self._close(made, stream, finish)
 
     def _catch_up(self) -> torch.Tensor:
         """Feed the tokens the cache does not hold yet; the next token's logits (1, V)."""
@@ -187,17 +237,19 @@ class Session:
             )
         return True
 
-    def _close(self, made: int, stream: TextStream, finish: str) -> None:
-        """The answer becomes a message; the conversation's tokens end as the renderer ends an answer. A stop
-        string cut the text short of the tokens: the answer's tokens are those of its text."""
-        text, start = stream.text, len(self.ids) - made
-        if stream.stopped:
+    def _close(self, answer: Answer) -> None:
+        """The answer becomes messages (with its tool calls and outputs, if any); the conversation's tokens end as
+        the renderer ends an answer. A stop string cut the text short of the tokens: the last text's tokens are
+        those of its text."""
+        text, start = answer.stream.text, len(self.ids) - answer.made + answer.segment
+        if answer.stream.stopped:
             self.ids[start:] = self.lm.encode(text)
             self.rows.truncate(min(self.rows.length, start))
         if self.lm.chat:
             self.ids.append(self.lm.special_ids[role_tokens("assistant")[1]])
-        self.messages.append({"role": "assistant", "content": text})
-        self.last = Reply(text, made, finish)
+        self.messages += [*answer.parts, {"role": "assistant", "content": text}]
+        visible = "".join(p["content"] or "" for p in answer.parts if p["role"] == "assistant") + text
+        self.last = Reply(visible, answer.made, answer.finish, answer.watcher.calls if answer.watcher else [])
 
     def save(self, path: str) -> None:
         """The conversation as one line of OpenAI-format JSONL, the format `gptforge prepare chat` reads."""
@@ -211,7 +263,7 @@ class Session:
         """The last conversation of a JSONL file (OpenAI, ShareGPT or Alpaca), fed again at the next turn.
         Returns how many conversations the file holds."""
         conversations = read_file(path, training=False)
-        messages: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in conversations[-1].messages]
+        messages = conversations[-1].to_openai()["messages"]
         if messages[-1]["role"] != "assistant":
             raise UserError(
                 f"/load {path}: its conversation ends with a {messages[-1]['role']} message; the chat goes "

@@ -1,0 +1,93 @@
+"""Tool calls while generating: one row's tokens watched as they are sampled; when the row closes a call
+(<|tool_call_start|> ... <|tool_call_end|>), a built-in tool (chat/tools.py BUILTIN, the calculator) is run and
+its output comes back as the tokens to feed that row next (<|tool_output_start|> output <|tool_output_end|>), so
+the answer goes on from there; a call to any other function is handed to the caller (serve returns it to the
+client as OpenAI's tool_calls). The chat CLI, `eval chat` and serve share this; `--tools none` turns the built-in
+tools off (a call then gets an error text back, as a call to a function nobody offers does)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gptforge.chat.tools import BUILTIN, parse_call_text, run_builtin
+from gptforge.core.errors import UserError
+from gptforge.infer.options import TOOL_CHOICES
+
+
+def builtin_tools(choice: str) -> frozenset[str]:
+    """The built-in tools a --tools value turns on."""
+    if choice not in TOOL_CHOICES:
+        raise UserError(f"--tools={choice}: choose one of {', '.join(TOOL_CHOICES)}")
+    return frozenset() if choice == "none" else frozenset(BUILTIN) & {choice}
+
+
+@dataclass
+class ToolCall:
+    """A call the model wrote: the function's name and its arguments (JSON text), the call's text as written, and
+    the output when the engine ran it (None: the caller must answer it)."""
+
+    name: str
+    arguments: str
+    text: str
+    output: str | None = None
+    call_id: str = ""
+    feed: list[int] = field(default_factory=list)  # the output's tokens to feed the row next
+
+
+class CallWatcher:
+    """Watches one row: push(token) after each sampled token; returns a ToolCall when that token closed a call."""
+
+    def __init__(
+        self,
+        special_ids: dict[str, int],
+        decode: Callable[[Sequence[int]], str],
+        encode: Callable[[str], list[int]],
+        builtins: frozenset[str] = frozenset(BUILTIN),
+        offered: frozenset[str] = frozenset(),
+    ):
+        self.ids = special_ids
+        self.decode, self.encode = decode, encode
+        self.builtins, self.offered = builtins, offered
+        self.inside: list[int] | None = None  # the call's tokens so far, while the row writes one
+        self.calls: list[ToolCall] = []
+
+    @property
+    def start(self) -> int:
+        return self.ids["<|tool_call_start|>"]
+
+    @property
+    def end(self) -> int:
+        return self.ids["<|tool_call_end|>"]
+
+    def push(self, token: int) -> ToolCall | None:
+        if token == self.start:
+            self.inside = []
+            return None
+        if self.inside is None:
+            return None
+        if token != self.end:
+            self.inside.append(token)
+            return None
+        text, self.inside = self.decode(self.inside), None
+        call = self.closed(text)
+        call.call_id = f"call_{len(self.calls)}"
+        self.calls.append(call)
+        return call
+
+    def closed(self, text: str) -> ToolCall:
+        """What happens to a call whose text is `text`: run here, handed to the caller, or answered with an error."""
+        parsed = parse_call_text(text)
+        if parsed is None:
+            return self.answered(ToolCall("", "", text), 'error: a call is {"name": ..., "arguments": {...}}')
+        name, arguments = parsed
+        if name in self.offered:
+            return ToolCall(name, arguments, text)  # the caller's function: it answers
+        if name in self.builtins:
+            return self.answered(ToolCall(name, arguments, text), run_builtin(name, arguments))
+        return self.answered(ToolCall(name, arguments, text), f"error: there is no tool named {name!r}")
+
+    def answered(self, call: ToolCall, output: str) -> ToolCall:
+        call.output = output
+        call.feed = [self.ids["<|tool_output_start|>"], *self.encode(output), self.ids["<|tool_output_end|>"]]
+        return call
