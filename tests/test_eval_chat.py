@@ -39,8 +39,8 @@ def test_eval_chat_scores_exact_matches(memorised_run, tiktoken_cache):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == "add3     exact match 0.667 (3 held-out problems)"
-    assert lines[1] == "recall   exact match 0.667 (3 held-out problems)"
+    assert lines[0] == "add3     exact match 0.667 (3 held-out problems), tool calls 0.000"
+    assert lines[1] == "recall   exact match 0.667 (3 held-out problems), tool calls 0.000"
     assert lines[2] == "all      exact match 0.667; answers ending with the end token 1.000"
 
 

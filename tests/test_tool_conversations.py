@@ -166,3 +166,34 @@ def test_prepare_chat_takes_tool_conversations_and_names_a_bad_line(tmp_path, ti
     r = run_cli("prepare", "chat", "bad.jsonl", "--name=bad", cwd=tmp_path)
     assert r.returncode == 2 and "bad.jsonl:4: message 2 is a tool message" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "data" / "bad").exists()
+
+
+def test_synthetic_arithmetic_calls_the_calculator_in_every_wording():
+    from gptforge.chat.calculator import calculate
+    from gptforge.chat.conversations import check_conversation
+    from gptforge.chat.synthetic import generate
+
+    plain = generate(400, 5, "train")
+    tooled = generate(400, 5, "train", tools="calculator")
+    for a, b in zip(plain, tooled, strict=True):
+        assert (a.key, a.answer) == (b.key, b.answer)  # the same problems
+        assert b.prompt == a.prompt or b.kind == "recall"  # asked the same (a recall's earlier sums used the tool)
+        check_conversation(b.conversation())
+        arithmetic = sum(m.role == "user" and m.content[0] in "WC0123456789" for m in a.messages)
+        outputs = [m.content for m in b.messages if m.role == "tool_output"]
+        if b.kind in ("add3", "add", "sub", "mul"):
+            assert b.calls and outputs[-1] == b.answer
+        else:
+            assert not b.calls
+        calls = [json.loads(m.content)["arguments"]["expression"] for m in b.messages if m.role == "tool_call"]
+        assert [calculate(c) for c in calls] == outputs and len(calls) <= arithmetic
+
+
+def test_prepare_chat_with_calculator_tasks_records_it(tmp_path, tiktoken_cache):
+    from gptforge.chat.prepare import prepare_chat
+
+    meta = prepare_chat([], "calc", {"tokenizer": "gpt2"}, 256, data_dir=str(tmp_path), recipes=["synthetic"],
+                        synthetic_examples=200, synthetic_tools="calculator")  # fmt: skip
+    assert meta["synthetic_tools"] == "calculator" and meta["sources"] == {"synthetic": 200}
+    r = run_cli("prepare", "chat", "--include=chitchat", "--synthetic_tools=calculator", "--name=x", cwd=tmp_path)
+    assert r.returncode == 2 and "--include synthetic" in r.stderr, r.stderr

@@ -12,6 +12,8 @@ import pytest
 from chat_tools import memorise, one_thread, tiny_model, write_run  # noqa: F401  (one_thread: a fixture)
 from conftest import run_cli
 from gptforge.chat.render import chat_special_ids, render
+from gptforge.chat.synthetic import generate
+from gptforge.evaluate.chat import task_accuracy
 from gptforge.infer.chat_model import load_for_inference
 from gptforge.infer.sampling import SamplingParams
 from gptforge.infer.session import Session
@@ -72,3 +74,18 @@ def test_chat_p_shows_the_call_on_stderr(tool_run, tmp_path):
     again = Session(load_for_inference(str(tool_run), None, "resume", "cpu", "float32"), notify=lambda m: None)
     again.load(str(saved))
     assert again.ids == session.ids  # a saved conversation with a tool call loads back to the same tokens
+
+
+def test_eval_chat_runs_the_calculator_and_counts_the_calls(tmp_path):
+    """A model that memorised held-out multiplications with their calculator calls: with the engine running the
+    calculator every answer is right and called; with plain generation (no calls watched) the call's text is the
+    answer, and wrong."""
+    tok = from_spec({"tokenizer": "gpt2"})
+    problems = generate(2, 3, "held_out", kinds=["mul", "spell"], tools="calculator")
+    assert [p.calls for p in problems] == [True, False]
+    rows = [render(p.messages, tok, chat_special_ids(tok)) for p in problems]
+    model = memorise(tiny_model(block_size=128, seed=2), rows, steps=300)
+    result = task_accuracy(model, tok, problems, "cpu", tools=frozenset({"calculator"}))
+    assert (result["acc_mul"], result["calls_mul"], result["acc_spell"], result["calls_spell"]) == (1.0, 1.0, 1.0, 0.0)
+    plain = task_accuracy(model, tok, problems, "cpu")
+    assert (plain["acc_mul"], plain["acc_spell"]) == (0.0, 1.0) and "calls_mul" not in plain

@@ -48,17 +48,21 @@ def prepare_chat(
     seed: int = 1337,
     split_long: bool = True,
     words_file: str | None = None,
+    synthetic_tools: str = "none",
 ) -> dict[str, Any]:
     """Write the chat dataset <data_dir>/<name>/ and return its meta. paths: JSONL / JSON files (fmt: 'openai',
     'sharegpt', 'alpaca', or None to detect per record); recipes: 'chitchat' (the chitchat-dataset package) and
     'synthetic' (synthetic_examples train-split tasks of chat/synthetic.py, the kinds of synthetic_kinds in turn,
-    None: each once; words from words_file's text or made up). A conversation longer than a row is cut at a turn
+    None: each once; words from words_file's text or made up; synthetic_tools 'calculator': arithmetic answered
+    with a calculator call). A conversation longer than a row is cut at a turn
     boundary; split_long (not with last_turn_only) keeps its rest as further documents, each starting with the
     system message again, else the rest is dropped. seed fixes the synthetic tasks and the row order."""
     _check_options(name, block_size, val_fraction)
     tok = from_spec(tokenizer_spec)
     special_ids = chat_special_ids(tok)
-    conversations, sources = gather(paths, fmt, recipes, synthetic_examples, seed, words_file, synthetic_kinds)
+    conversations, sources = gather(
+        paths, fmt, recipes, synthetic_examples, seed, words_file, synthetic_kinds, synthetic_tools
+    )
     trainable = [c for c in conversations if any(m.role in TRAINED_ROLES and m.train for m in c.messages)]
     splits = split_conversations(trainable, val_fraction)
     vocab_size = max(tok.vocab_size, max(special_ids.values()) + 1)
@@ -86,6 +90,7 @@ def prepare_chat(
         "seed": seed,
         "sources": sources,
         "synthetic_kinds": _kinds_made(synthetic_kinds, sources),
+        "synthetic_tools": synthetic_tools if "synthetic" in sources else None,
         "untrained": len(conversations) - len(trainable),
         "counts": counts,
     }
@@ -117,6 +122,7 @@ def gather(
     seed: int,
     words_file: str | None,
     synthetic_kinds: Sequence[str] | None = None,
+    synthetic_tools: str = "none",
 ) -> tuple[list[Conversation], dict[str, int]]:
     """Every conversation of the files and recipes, checked, and how many came from each."""
     unknown = [r for r in recipes if r not in CHAT_RECIPES]
@@ -136,7 +142,8 @@ def gather(
         if synthetic_examples < 1:
             raise UserError(f"the synthetic recipe needs a positive number of examples, got {synthetic_examples}")
         words = words_from_text(_read_words_file(words_file)) if words_file else None
-        examples = generate(synthetic_examples, seed, "train", kinds=synthetic_kinds or KINDS, words=words)
+        kinds = synthetic_kinds or KINDS
+        examples = generate(synthetic_examples, seed, "train", kinds=kinds, words=words, tools=synthetic_tools)
         sources["synthetic"] = len(examples)
         conversations += [e.conversation() for e in examples]
     if not conversations:

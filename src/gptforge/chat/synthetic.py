@@ -19,7 +19,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gptforge.chat.calculator import calculate
 from gptforge.chat.conversations import Conversation, Message
+from gptforge.chat.tools import call_text
 from gptforge.core.errors import UserError
 
 KINDS = ("add3", "add", "sub", "mul", "spell", "count", "recall", "system")  # the default mix: each once
@@ -43,8 +45,14 @@ class TaskExample:
 
     @property
     def prompt(self) -> list[Message]:
-        """The conversation up to the question: what a model is given to answer."""
-        return self.messages[:-1]
+        """The conversation up to the question: what a model is given to answer (any tool call is its to make)."""
+        last_user = max(i for i, m in enumerate(self.messages) if m.role == "user")
+        return self.messages[: last_user + 1]
+
+    @property
+    def calls(self) -> bool:
+        """Whether the answer is meant to use a tool (the share that do is scored beside the answers)."""
+        return any(m.role == "tool_call" for m in self.messages[len(self.prompt) :])
 
     def conversation(self) -> Conversation:
         return Conversation(list(self.messages), f"synthetic:{self.kind}", {"kind": self.kind, "answer": self.answer})
@@ -62,9 +70,16 @@ def split_of(key: str) -> str:
 
 
 def generate(
-    n: int, seed: int = 0, split: str = "train", kinds: Sequence[str] = KINDS, words: Sequence[str] | None = None
+    n: int,
+    seed: int = 0,
+    split: str = "train",
+    kinds: Sequence[str] = KINDS,
+    words: Sequence[str] | None = None,
+    tools: str = "none",
 ) -> list[TaskExample]:
-    """n examples of `split`, the kinds in turn; the same arguments always give the same examples."""
+    """n examples of `split`, the kinds in turn; the same arguments always give the same examples. tools=
+    'calculator': the arithmetic kinds' answers call the calculator first (with_calculator); the problems and
+    their splits are the same either way."""
     if split not in SPLITS:
         raise UserError(f"unknown synthetic split {split!r}; choose {' or '.join(SPLITS)}")
     unknown = [k for k in kinds if k not in MAKERS]
@@ -75,7 +90,45 @@ def generate(
     examples: list[TaskExample] = []
     while len(examples) < n:
         examples.append(_draw(MAKERS[kinds[len(examples) % len(kinds)]], rng, words, split))
-    return examples
+    if tools not in TOOLS:
+        raise UserError(f"synthetic tools {tools!r}: choose one of {', '.join(TOOLS)}")
+    return [with_calculator(e) for e in examples] if tools == "calculator" else examples
+
+
+TOOLS = ("none", "calculator")
+
+
+def with_calculator(example: TaskExample) -> TaskExample:
+    """An arithmetic answer that calls the calculator with the problem's expression and gives its output; every
+    arithmetic exchange in the conversation (a recall's fillers too) does the same. Other kinds are unchanged:
+    the model learns when a call is right and when it is not."""
+    messages: list[Message] = []
+    for m in example.messages:
+        expression = _expression(m.content) if m.role == "user" else None
+        messages.append(m)
+        if expression is not None:
+            call = call_text("calculator", {"expression": expression})
+            messages += [
+                Message("tool_call", call, call_id="c0"),
+                Message("tool_output", calculate(expression), call_id="c0"),
+            ]
+    return TaskExample(example.kind, example.key, messages, example.answer)
+
+
+ARITH_QUESTION = re.compile(
+    r"(?:What is|Compute) (\d+) (?:([-+*])|(plus|minus|times)) (\d+)[?.]|(\d+) ([-+*]) (\d+) = \?"
+)
+
+
+def _expression(question: str) -> str | None:
+    """The expression of an arithmetic question as ARITH_WORDING writes it ("What is 12 times 34?" -> "12*34")."""
+    match = ARITH_QUESTION.fullmatch(question)
+    if match is None:
+        return None
+    if match.group(5):
+        return f"{match.group(5)}{match.group(6)}{match.group(7)}"
+    op = match.group(2) or {v: k for k, v in ARITH_NAMES.items()}[match.group(3)]
+    return f"{match.group(1)}{op}{match.group(4)}"
 
 
 def _draw(maker: Callable[..., TaskExample], rng: random.Random, words: list[str], split: str) -> TaskExample:

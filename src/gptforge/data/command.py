@@ -17,6 +17,7 @@ APPLIES = {
     "include": (CHAT_RECIPE,),
     "synthetic_examples": (CHAT_RECIPE,),
     "synthetic_kinds": (CHAT_RECIPE,),
+    "synthetic_tools": (CHAT_RECIPE,),
     "last_turn_only": (CHAT_RECIPE,),
     "chat_format": (CHAT_RECIPE,),
     "text_field": SHARD_RECIPES,
@@ -42,6 +43,7 @@ def prepare_command(
     include: str | None,
     synthetic_examples: int | None,
     synthetic_kinds: str | None,
+    synthetic_tools: str | None,
     last_turn_only: bool | None,
     chat_format: str | None,
 ) -> dict[str, Any]:
@@ -57,6 +59,7 @@ def prepare_command(
         include=include,
         synthetic_examples=synthetic_examples,
         synthetic_kinds=synthetic_kinds,
+        synthetic_tools=synthetic_tools,
         last_turn_only=last_turn_only,
         chat_format=chat_format,
     )
@@ -91,6 +94,7 @@ def prepare_chat_command(
     val_fraction: float = 0.05,
     synthetic_examples: int = 20_000,
     synthetic_kinds: str = "",
+    synthetic_tools: str = "none",
     last_turn_only: bool = False,
     chat_format: str | None = None,
 ) -> dict[str, Any]:
@@ -107,6 +111,8 @@ def prepare_chat_command(
 
         spec = load_tokenizer(tokenizer).spec()
     recipes = [r for r in (include or "").split(",") if r]
+    if synthetic_tools != "none" and "synthetic" not in recipes:
+        raise UserError(f"--synthetic_tools={synthetic_tools} changes the synthetic tasks: add --include synthetic")
     return prepare_chat(
         list(files),
         name or "",
@@ -119,4 +125,5 @@ def prepare_chat_command(
         recipes=recipes,
         synthetic_examples=synthetic_examples,
         synthetic_kinds=[k for k in synthetic_kinds.split(",") if k] or None,
+        synthetic_tools=synthetic_tools,
     )

@@ -67,6 +67,12 @@ class PrepareArgs:
         f"once: {','.join(KINDS)}; also: {OTHER_KINDS})",
         metavar="KINDS",
     )
+    synthetic_tools: str | None = setting(
+        None,
+        "chat: calculator: the synthetic arithmetic answers call the calculator tool and give its output (the model "
+        "learns when to call it); default none",
+        choices=("none", "calculator"),
+    )
     last_turn_only: bool | None = setting(None, "chat: train on each conversation's last assistant turn only")
     chat_format: str | None = setting(
         None, "chat: the files' format (default: detected per line)", choices=("openai", "sharegpt", "alpaca")

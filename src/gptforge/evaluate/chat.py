@@ -14,6 +14,7 @@ from gptforge.chat.render import chat_special_ids, render_prompt
 from gptforge.chat.synthetic import ALL_KINDS, KINDS, generate, score
 from gptforge.core.distributed import DistEnv
 from gptforge.infer.engine import generate as generate_tokens
+from gptforge.infer.toolcalls import CallWatcher, builtin_tools, greedy_answer
 from gptforge.model.cache import evaluating
 from gptforge.tokenizer.spec import from_spec, tokenizer_spec
 from gptforge.tokenizer.specials import role_tokens
@@ -26,8 +27,10 @@ def chat_task(examples: int, env: DistEnv, meta: dict[str, Any]) -> Callable[...
         return None
     tokenizer = from_spec(tokenizer_spec(meta))
     kinds = meta.get("synthetic_kinds") or KINDS  # the kinds the dataset was made with (older ones: the default 8)
-    problems = generate(examples, meta.get("seed", 0), "held_out", kinds=kinds)
-    return functools.partial(task_accuracy, tokenizer=tokenizer, examples=problems, device=env.device)
+    tools = meta.get("synthetic_tools") or "none"
+    problems = generate(examples, meta.get("seed", 0), "held_out", kinds=kinds, tools=tools)
+    runs = builtin_tools(tools) if tools != "none" else None
+    return functools.partial(task_accuracy, tokenizer=tokenizer, examples=problems, device=env.device, tools=runs)
 
 
 @torch.no_grad()
@@ -39,12 +42,16 @@ def task_accuracy(
     ctx: contextlib.AbstractContextManager | None = None,
     max_new_tokens: int = 48,
     bar: Any = None,
+    tools: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     """Exact match of greedy answers per task kind and overall, and the share of answers that ended with the
-    assistant's end token (rather than running to max_new_tokens or the context's end)."""
+    assistant's end token (rather than running to max_new_tokens or the context's end). tools: the built-in tools
+    the engine runs (infer/toolcalls.py; the text after the last tool output is scored, and the share of answers
+    that called a tool is counted per kind); None: plain generation, no calls watched."""
     special_ids = chat_special_ids(tokenizer)
     end = special_ids[role_tokens("assistant")[1]]
     right: dict[str, list[bool]] = {}
+    called: dict[str, list[bool]] = {}
     ended = 0
     with evaluating(model):
         for example in examples:
@@ -52,20 +59,33 @@ def task_accuracy(
             room = model.config.block_size - len(prompt)
             if room <= 0:
                 right.setdefault(example.kind, []).append(False)
+                called.setdefault(example.kind, []).append(False)
                 continue
-            idx = torch.tensor([prompt], device=device)
             with ctx or contextlib.nullcontext():
-                out = generate_tokens(model, idx, min(max_new_tokens, room), temperature=0, stop_token=end)
-            answer = out[0, len(prompt) :].tolist()
-            ended += end in answer
-            text = tokenizer.decode(answer[: answer.index(end)] if end in answer else answer)
-            right.setdefault(example.kind, []).append(score(example, text))
+                answer, done, calls = _answer(model, tokenizer, prompt, min(max_new_tokens, room), end, device, tools)
+            ended += done
+            right.setdefault(example.kind, []).append(score(example, tokenizer.decode(answer)))
+            called.setdefault(example.kind, []).append(calls > 0)
             if bar is not None:
                 bar.update(1)
     result: dict[str, Any] = {"acc": sum(sum(v) for v in right.values()) / len(examples), "n": len(examples)}
     result.update({f"acc_{k}": sum(v) / len(v) for k in ALL_KINDS if (v := right.get(k))})
+    if tools is not None:
+        result.update({f"calls_{k}": sum(v) / len(v) for k in ALL_KINDS if (v := called.get(k))})
     result["ended"] = ended / len(examples)
     return result
+
+
+def _answer(model, tokenizer, prompt, max_new_tokens, end, device, tools) -> tuple[list[int], bool, int]:
+    """(the answer's scored tokens, whether it ended with `end`, how many tool calls it made)."""
+    if tools is None:
+        idx = torch.tensor([prompt], device=device)
+        out = generate_tokens(model, idx, max_new_tokens, temperature=0, stop_token=end)
+        answer = out[0, len(prompt) :].tolist()
+        return (answer[: answer.index(end)] if end in answer else answer), end in answer, 0
+    watcher = CallWatcher(chat_special_ids(tokenizer), tokenizer.decode, tokenizer.encode, tools)
+    text, done = greedy_answer(model, prompt, max_new_tokens, end, watcher)
+    return text, done, len(watcher.calls)
 
 
 def eval_chat(
@@ -78,6 +98,7 @@ def eval_chat(
     seed: int,
     device: str,
     dtype: str,
+    tools: str,
 ) -> dict[str, Any]:
     """`gptforge eval chat`: a chat model answers `examples` held-out problems of each synthetic task kind greedily
     (problems no synthetic training set holds, whatever its seed); prints the exact match per kind, overall, and
@@ -99,11 +120,13 @@ def eval_chat(
     log(loaded.describe())
     problems = generate(examples * len(chosen), seed, "held_out", kinds=chosen)
     bar = progress(len(problems), "eval chat", "ex", mininterval=2.0)
+    runs = builtin_tools(tools)
     result = task_accuracy(
-        loaded.model, loaded.tokenizer, problems, loaded.device, loaded.autocast(), max_new_tokens, bar
+        loaded.model, loaded.tokenizer, problems, loaded.device, loaded.autocast(), max_new_tokens, bar, runs
     )
     bar.close()
     for kind in chosen:
-        print(f"{kind:<8} exact match {result[f'acc_{kind}']:.3f} ({examples} held-out problems)")
+        share = f", tool calls {result[f'calls_{kind}']:.3f}"
+        print(f"{kind:<8} exact match {result[f'acc_{kind}']:.3f} ({examples} held-out problems){share}")
     print(f"{'all':<8} exact match {result['acc']:.3f}; answers ending with the end token {result['ended']:.3f}")
     return result

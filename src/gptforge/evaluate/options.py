@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from gptforge.chat.synthetic import ALL_KINDS
 from gptforge.core.settings import REQUIRED, setting
+from gptforge.infer.options import TOOL_CHOICES, TOOLS_HELP
 from gptforge.weights.options import checkpoint_file, device_setting, dtype_setting, model_source, run_folder
 
 
@@ -79,3 +80,4 @@ class EvalChatArgs:
     seed: int = setting(1337, "seed choosing the problems")
     device: str = device_setting()
     dtype: str = dtype_setting()
+    tools: str = setting("calculator", TOOLS_HELP, choices=TOOL_CHOICES)

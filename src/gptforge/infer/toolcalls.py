@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from gptforge.chat.tools import BUILTIN, parse_call_text, run_builtin
 from gptforge.core.errors import UserError
+from gptforge.infer.engine import Rows
 from gptforge.infer.options import TOOL_CHOICES
 
 
@@ -91,3 +94,28 @@ class CallWatcher:
         call.output = output
         call.feed = [self.ids["<|tool_output_start|>"], *self.encode(output), self.ids["<|tool_output_end|>"]]
         return call
+
+
+@torch.no_grad()
+def greedy_answer(model, prompt: list[int], max_new_tokens: int, end: int, watcher: CallWatcher):
+    """A greedy answer to `prompt` (one row, against a KV cache), its tool calls run as they close: (the tokens of
+    the text after the last tool output, whether the answer ended with `end`). `eval chat` scores that text."""
+    rows = Rows(model)
+    logits = rows.feed(torch.tensor([prompt], device=model.lm_head.weight.device))
+    text: list[int] = []
+    for _ in range(max_new_tokens):
+        token = int(logits[0].argmax())
+        if token == end:
+            return text, True
+        new = [token]
+        inside = watcher.inside is not None or token == watcher.start
+        call = watcher.push(token)
+        if call is not None:
+            new += call.feed
+            text = []
+        elif not inside:
+            text.append(token)
+        if len(new) > rows.room:
+            break
+        logits = rows.feed(torch.tensor([new], device=logits.device))
+    return text, False
