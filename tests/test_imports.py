@@ -67,7 +67,14 @@ GROUPS = [
         "infer.session",
         "infer.chat_cli",
     ),  # talking to it
-    ("infer.batcher", "infer.openai_api", "infer.serve_options", "infer.serve"),  # serving it
+    (
+        "infer.api_error",
+        "infer.function_calling",
+        "infer.batcher",
+        "infer.openai_api",
+        "infer.serve_options",
+        "infer.serve",
+    ),  # serving it
     ("evaluate.options", "evaluate.loss", "evaluate.chat", "evaluate.hellaswag", "evaluate.harness_model"),
     ("evaluate.harness",),
     ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),

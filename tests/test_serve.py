@@ -1,7 +1,7 @@
 """`gptforge serve` through the official `openai` client and raw HTTP, on loopback: the answers equal `gptforge chat
 -p`'s (greedy), streamed or not; concurrent requests share model steps and each gets its solo answer; malformed
-requests, and parameters gptforge does not apply (response_format, tools, ...), get OpenAI-shaped 4xx errors; a client
-that leaves frees its row; Ctrl-C drains."""
+requests, and parameters gptforge does not apply (response_format, logit_bias, ...), get OpenAI-shaped 4xx errors;
+a client that leaves frees its row; Ctrl-C drains. Function calling: tests/test_serve_tools.py."""
 
 from __future__ import annotations
 
@@ -200,8 +200,6 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"t
 UNAPPLIED = [  # (route, parameters that change a correct answer and are not applied, the param named)
     ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
     ("chat", {"response_format": SCHEMA}, "response_format"),
-    ("chat", {"tools": [TOOL]}, "tools"),
-    ("chat", {"tool_choice": "required"}, "tool_choice"),
     ("chat", {"functions": [TOOL["function"]]}, "functions"),
     ("chat", {"function_call": "auto"}, "function_call"),
     ("chat", {"logit_bias": {"50256": -100}}, "logit_bias"),

@@ -19,10 +19,15 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from gptforge.chat.tools import BUILTIN
 from gptforge.core.console import log
 from gptforge.infer.chat_model import LoadedModel
+from gptforge.infer.function_calling import ToolPlan
 from gptforge.infer.sampling import Choice, RowSampler, SamplingParams, choose_rows, top_logprobs
 from gptforge.infer.textstream import TextStream
+from gptforge.infer.toolcalls import CallWatcher, ToolCall
+
+BUILTINS = frozenset(BUILTIN)
 
 
 class SlotCache:
@@ -36,9 +41,10 @@ class SlotCache:
         self.length = 0  # what attention takes as the cached tokens: 0 makes a prefill causal
         self._slot, self._rows, self._lengths, self._width = 0, None, None, 0
 
-    def prefill(self, slot: int) -> None:
-        """The next forward pass is one row's prompt, from position 0, into `slot`."""
-        self._slot, self._rows, self.length = slot, None, 0
+    def prefill(self, slot: int, start: int = 0) -> None:
+        """The next forward pass is one row's tokens into `slot` from position `start`: its prompt (from 0), or
+        what it reads after `start` cached tokens (a tool's output)."""
+        self._slot, self._rows, self.length, self.position = slot, None, start, start
 
     def step(self, lengths: torch.Tensor) -> None:
         """The next forward pass is one token for each of the rows in slots 0..B-1, which hold `lengths` (B,)."""
@@ -53,9 +59,9 @@ class SlotCache:
             self.v.append(v.new_zeros(self.slots, nh, self.max_len, hs))
         K, V = self.k[layer], self.v[layer]
         if self._rows is None:
-            s, T = self._slot, k.size(2)
-            K[s, :, :T], V[s, :, :T] = k[0], v[0]
-            return K[s : s + 1, :, :T], V[s : s + 1, :, :T]
+            s, start, T = self._slot, self.position, k.size(2)
+            K[s, :, start : start + T], V[s, :, start : start + T] = k[0], v[0]
+            return K[s : s + 1, :, : start + T], V[s : s + 1, :, : start + T]
         K[self._rows, :, self._lengths] = k[:, :, 0]
         V[self._rows, :, self._lengths] = v[:, :, 0]
         B = self._rows.numel()
@@ -84,6 +90,7 @@ class Event:
     finish: str | None = None
     tokens: int = 0
     logprobs: list[tuple[int, float | None, list[tuple[int, float]]]] | None = None
+    call: ToolCall | None = None  # kind 'call': a call to a function the client runs (the choice ends with it)
 
 
 @dataclass
@@ -97,6 +104,7 @@ class Request:
     prompt_logprobs: bool = False  # echo with logprobs: every prompt token's log-probability
     ignore_eos: bool = False  # the end tokens do not end the answer (benchmarks: a fixed length)
     cancelled: bool = False
+    plan: ToolPlan | None = None  # a chat request's tools: each row's calls watched (infer/function_calling.py)
 
     @property
     def rows(self) -> int:
@@ -113,6 +121,8 @@ class Row:
     next_token: int = -1  # sampled, to be fed at the next step
     made: int = 0
     done: bool = False
+    watcher: CallWatcher | None = None
+    feed: list[int] = field(default_factory=list)  # a tool's output, fed after next_token
 
 
 class Batcher:
@@ -121,8 +131,8 @@ class Batcher:
     main thread, where torch's OpenMP kernels run at full speed (from other threads a small model's step takes
     longer: docs/lab/2026-11-25-serve.md)."""
 
-    def __init__(self, lm: LoadedModel, max_batch: int = 16, thread: bool = True):
-        self.lm, self.max_batch = lm, max_batch
+    def __init__(self, lm: LoadedModel, max_batch: int = 16, thread: bool = True, tools: frozenset[str] = BUILTINS):
+        self.lm, self.max_batch, self.tools = lm, max_batch, tools  # tools: the built-in tools run for chat requests
         self.cache = SlotCache(lm.model.config.n_layer, max_batch, lm.block_size)
         self.rows: list[Row] = []  # rows[i] lives in slot i
         self.waiting: deque[Request] = deque()
@@ -130,6 +140,7 @@ class Batcher:
         self.closing = False
         self.after_step: Callable[[], None] = lambda: None  # after each step's events: serve delivers them then
         self.stats = {"steps": 0, "step_tokens": 0, "prefill_tokens": 0, "requests": 0, "max_rows": 0}
+        self.stats.update(tool_calls=0, tool_calls_invalid=0)  # calls the model wrote; arguments unfit for the schema
         self.thread = None
         if thread:
             self.thread = threading.Thread(target=self.run, name="gptforge-batcher", daemon=True)
@@ -217,6 +228,7 @@ class Batcher:
                 sampler = RowSampler(_seeded(request.params, j), vocab, self.lm.device, prompt)
                 stream = TextStream(self.lm.text.bytes, request.stop)
                 row = Row(request, p * request.n + j, sampler, stream, len(prompt))
+                row.watcher = request.plan.watcher(self.lm, self.tools) if request.plan is not None else None
                 self.rows.append(row)
                 if request.max_tokens <= 0:
                     self._finish(row, "length")
@@ -225,7 +237,11 @@ class Batcher:
         self.stats["max_rows"] = max(self.stats["max_rows"], len(self.rows))
 
     def _step(self) -> None:
-        rows = [r for r in self.rows]
+        for row in [r for r in self.rows if r.feed]:  # rows that read a tool's output first: on their own
+            self._extend(row)
+        rows = [r for r in self.rows if not r.done and not r.feed]
+        if not rows:
+            return
         device = self.lm.device
         tokens = torch.tensor([[r.next_token] for r in rows], device=device)  # (B, 1)
         lengths = torch.tensor([r.length for r in rows], device=device)  # (B,)
@@ -246,19 +262,51 @@ class Batcher:
             self._advance(row, choice)
 
     def _advance(self, row: Row, choice: Choice) -> None:
-        """A token was sampled for `row`: the stop rule, then the token is shown and queued to be fed."""
+        """A token was sampled for `row`: the stop rule, then the token is shown and queued to be fed (a token of a
+        tool call is not shown; a call closed is run, or ends the choice: _call)."""
         token = choice.token
         if token in self.lm.stop_ids and not row.request.ignore_eos:
             self._finish(row, "stop", choice)
             return
         row.made += 1
-        row.request.emit(Event("token", row.index, row.stream.push(token), token, choice))
+        watcher = row.watcher
+        if watcher is not None and (watcher.inside is not None or token == watcher.start):
+            text = row.stream.finish() if token == watcher.start else ""  # the text before the call, whole
+            row.request.emit(Event("token", row.index, text, token, choice))
+            call = watcher.push(token)
+            if call is not None and self._call(row, call):
+                return
+        else:
+            row.request.emit(Event("token", row.index, row.stream.push(token), token, choice))
         if row.stream.stopped:
             self._finish(row, "stop")
-        elif row.made >= row.request.max_tokens or row.length >= self.lm.block_size:
+        elif row.made >= row.request.max_tokens or row.length + 1 + len(row.feed) > self.lm.block_size:
             self._finish(row, "length")
         else:
             row.next_token = token
+
+    def _call(self, row: Row, call: ToolCall) -> bool:
+        """A call closed: the client's function ends the choice (True); a built-in's output is fed next."""
+        self.stats["tool_calls"] += 1
+        if call.output is None:
+            if not row.request.plan.valid(call):
+                self.stats["tool_calls_invalid"] += 1
+            row.request.emit(Event("call", row.index, call=call))
+            self._finish(row, "tool_calls")
+            return True
+        row.feed = call.feed
+        row.stream = TextStream(self.lm.text.bytes, row.request.stop)
+        return False
+
+    def _extend(self, row: Row) -> None:
+        """Feed a row its sampled token and a tool's output after it, on its own; sample its next token."""
+        tokens, row.feed = [row.next_token, *row.feed], []
+        self.cache.prefill(self.rows.index(row), row.length)
+        hidden = self.lm.model.hidden_states(torch.tensor([tokens], device=self.lm.device), cache=self.cache)
+        logits = self.lm.model.logits(hidden[0, -1:]).float()[:, : self.lm.vocab]
+        self.stats["prefill_tokens"] += len(tokens)
+        row.length += len(tokens)
+        self._advance(row, row.sampler.choose(logits[-1]))
 
     def _finish(self, row: Row, reason: str, choice: Choice | None = None) -> None:
         rest = row.stream.finish()

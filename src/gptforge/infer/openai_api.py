@@ -6,7 +6,8 @@ Supported: /v1/chat/completions (messages, temperature, top_p, max_tokens / max_
 stream + stream_options.include_usage, logprobs + top_logprobs, frequency_penalty, presence_penalty) and
 /v1/completions (prompt as text, token ids or a list of either, echo, logprobs including the prompt's with echo, the
 same sampling options); gptforge's own extras top_k and repetition_penalty, and vLLM's ignore_eos. A parameter that
-would change the answer but is not applied (UNAPPLIED: response_format, tools, logit_bias, ...) is refused."""
+would change the answer but is not applied (UNAPPLIED: response_format, logit_bias, ...) is refused. Function calling
+(tools, tool_choice, tool messages): infer/function_calling.py."""
 
 from __future__ import annotations
 
@@ -17,20 +18,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptforge.infer.api_error import ApiError
 from gptforge.infer.batcher import Event
 from gptforge.infer.chat_model import LoadedModel
+from gptforge.infer.function_calling import (
+    ToolPlan,
+    call_deltas,
+    openai_call,
+    plain_message,
+    tools_prompt,
+    uses_tools,
+)
 from gptforge.infer.sampling import SamplingParams
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, kind=None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        default = "authentication_error" if status == 401 else "server_error" if status >= 500 else None
-        self.kind = kind or default or "invalid_request_error"
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+from gptforge.infer.toolcalls import ToolCall
 
 
 @dataclass
@@ -55,6 +55,7 @@ class Parsed:
     echo: bool = False
     prompt_texts: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    plan: ToolPlan | None = None  # a chat request's tools (infer/function_calling.py)
 
     @property
     def rows(self) -> int:
@@ -65,7 +66,9 @@ def _nothing(value: Any) -> bool:
     return not value  # false, 0, "", [], {}: what clients send to ask for nothing (LangChain: logit_bias {})
 
 
-_TOOLS = 'gptforge does not call tools (yet): send no tools or functions, and no tool_choice (or "none")'
+_FUNCTIONS = (
+    "gptforge takes function calling as 'tools' and 'tool_choice', not the legacy 'functions' / 'function_call'"
+)
 _SHAPED = "gptforge does not constrain output to JSON, a schema, a grammar or a list of choices"
 # What changes a correct answer but is not applied: answered anyway, a client would take plain text for an answer that
 # obeyed it, so it is refused, named. name -> (accepted(value), why; what to do). Null is accepted, as is user etc.
@@ -74,10 +77,8 @@ UNAPPLIED: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: not v or isinstance(v, dict) and v.get("type") == "text",
         'gptforge does not constrain output to JSON: ask for JSON in the prompt, or send {"type": "text"}',
     ),
-    "tools": (_nothing, _TOOLS),
-    "tool_choice": (lambda v: not v or v == "none", _TOOLS),
-    "functions": (_nothing, _TOOLS),
-    "function_call": (lambda v: not v or v == "none", _TOOLS),
+    "functions": (_nothing, _FUNCTIONS),
+    "function_call": (lambda v: not v or v == "none", _FUNCTIONS),
     "logit_bias": (_nothing, "gptforge does not bias token probabilities; send no logit_bias (or {})"),
     "suffix": (_nothing, "gptforge does not write text to fit before a suffix; send the prompt alone"),
     "best_of": (lambda v: v == 1, "gptforge samples each choice once: best_of must be 1 (n asks for more choices)"),
@@ -193,31 +194,16 @@ def parse_chat(body: Any, lm: LoadedModel, limits: Limits) -> Parsed:
             "messages",
             "too_many_messages",
         )
-    plain = [_message(m, i) for i, m in enumerate(messages)]
     top = _ranged(body, "top_logprobs", (int,), 0, 0, 20)
     logprobs = top if _get(body, "logprobs", (bool,), False) else None
     if top and logprobs is None:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
-    prompt = lm.chat_prompt(plain)
+    if uses_tools(body, messages):
+        prompt, plan = tools_prompt(body, messages, lm)
+    else:
+        prompt, plan = lm.chat_prompt([plain_message(m, i) for i, m in enumerate(messages)]), ToolPlan()
     _check_room(len(prompt), lm)
-    return Parsed(True, [prompt], sampling(body, logprobs), **common)
-
-
-def _message(m: Any, i: int) -> dict[str, str]:
-    param = f"messages[{i}]"
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise ApiError(400, f"{param} must be an object with 'role' and 'content'", param, "invalid_value")
-    role = {"developer": "system"}.get(m["role"], m["role"])
-    if role not in ("system", "user", "assistant"):
-        raise ApiError(400, f"{param}.role '{m['role']}' is not one of system, user, assistant", param, "invalid_value")
-    content = m.get("content")
-    if isinstance(content, list):  # content parts: the text ones, joined
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            raise ApiError(400, f"{param}.content: only text parts are supported", param, "invalid_value")
-        content = "".join(p["text"] for p in content)
-    if not isinstance(content, str):
-        raise ApiError(400, f"{param}.content must be a string", param, "invalid_value")
-    return {"role": role, "content": content}
+    return Parsed(True, [prompt], sampling(body, logprobs), **common, plan=plan)
 
 
 def parse_completion(body: Any, lm: LoadedModel, limits: Limits) -> Parsed:
@@ -282,6 +268,7 @@ class Collector:
         self.finish: list[str | None] = [None] * count
         self.tokens = [0] * count
         self.logprobs: list[list[tuple[int, float | None, list]]] = [[] for _ in range(count)]
+        self.calls: list[ToolCall | None] = [None] * count  # a choice that ends calling a client's function
         self.error: str | None = None
 
     @property
@@ -300,6 +287,8 @@ class Collector:
             self.texts[i] += event.text
             if event.choice is not None and event.choice.logprob is not None:
                 self.logprobs[i].append((event.token, event.choice.logprob, event.choice.top or []))
+        elif event.kind == "call":
+            self.calls[i] = event.call
         elif event.kind == "done":
             self.finish[i], self.tokens[i] = event.finish, event.tokens
             if event.choice is not None and event.choice.logprob is not None and not self.chat:
@@ -316,7 +305,10 @@ class Collector:
     def response(self) -> dict[str, Any]:
         choices = []
         for i, text in enumerate(self.texts):
-            if self.chat:
+            if self.chat and self.calls[i] is not None:
+                call = [openai_call(self.calls[i])]
+                choice = {"index": i, "message": {"role": "assistant", "content": text or None, "tool_calls": call}}
+            elif self.chat:
                 choice = {"index": i, "message": {"role": "assistant", "content": text}}
             else:
                 choice = {"index": i, "text": text}
@@ -367,6 +359,11 @@ class Collector:
                 else []
             )
             return [{**self._head(kind), "choices": [self._delta(i, event.text, self._logprobs(items))]}]
+        if event.kind == "call":
+            return [
+                {**self._head(kind), "choices": [{"index": i, "delta": d, "logprobs": None, "finish_reason": None}]}
+                for d in call_deltas(event.call)
+            ]
         if event.kind == "done":
             choice = self._delta(i, "", None)
             choice["finish_reason"] = event.finish

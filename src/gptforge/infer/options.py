@@ -133,3 +133,4 @@ class ServeArgs:
     compile: str = setting("auto", COMPILE_HELP, choices=COMPILE_CHOICES)
     device: str = device_setting()
     dtype: str = dtype_setting()
+    tools: str = setting("calculator", TOOLS_HELP, choices=TOOL_CHOICES)

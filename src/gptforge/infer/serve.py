@@ -30,6 +30,7 @@ from gptforge.infer.decode import enable_compile
 from gptforge.infer.openai_api import ApiError, Collector, Limits, Parsed, parse_chat, parse_completion
 from gptforge.infer.options import ServeArgs
 from gptforge.infer.serve_options import bind, check_model_room, check_options, listen
+from gptforge.infer.toolcalls import builtin_tools
 
 STATIC = Path(__file__).parent / "static"
 PAGES = {
@@ -63,11 +64,12 @@ def build_app(
     max_batch: int = 16,
     loopback: bool = True,
     thread: bool = True,
+    tools: str = "calculator",
 ):
     """The ASGI app. Its batcher stops when the app shuts down (uvicorn's lifespan); it runs in a thread of its own
-    from now on, or with thread=False wherever app.state.batcher.run() is called."""
+    from now on, or with thread=False wherever app.state.batcher.run() is called. tools: the built-in tools run."""
     fastapi, _ = _imports()
-    batcher = Batcher(lm, max_batch, thread)
+    batcher = Batcher(lm, max_batch, thread, builtin_tools(tools))
     mailbox = Mailbox()
     batcher.after_step = mailbox.flush
 
@@ -183,6 +185,7 @@ async def generate(request, parsed: Parsed, lm: LoadedModel, batcher: Batcher):
         parsed.stop,
         prompt_logprobs=parsed.echo and parsed.params.logprobs is not None,
         ignore_eos=parsed.ignore_eos,
+        plan=parsed.plan,
     )
     try:
         batcher.submit(job)
@@ -343,7 +346,7 @@ def serve(args: ServeArgs) -> None:
             log(f"warning: --host={args.host} lets other machines use this model, and no --api_key is set")
         body = int(args.max_body_mb * (1 << 20))
         limits = Limits(max_body=body, max_messages=args.max_messages, max_tokens=args.max_tokens)
-        app = build_app(lm, limits, args.api_key, args.max_batch, loopback, thread=False)
+        app = build_app(lm, limits, args.api_key, args.max_batch, loopback, thread=False, tools=args.tools)
         listen(sock, args.host, args.port)
         run_server(uvicorn, app, sock, args.host, lm)
 

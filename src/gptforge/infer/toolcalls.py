@@ -54,6 +54,7 @@ class CallWatcher:
         self.builtins, self.offered = builtins, offered
         self.inside: list[int] | None = None  # the call's tokens so far, while the row writes one
         self.calls: list[ToolCall] = []
+        self.new_id: Callable[[], str] = lambda: f"call_{len(self.calls)}"
 
     @property
     def start(self) -> int:
@@ -74,7 +75,7 @@ class CallWatcher:
             return None
         text, self.inside = self.decode(self.inside), None
         call = self.closed(text)
-        call.call_id = f"call_{len(self.calls)}"
+        call.call_id = self.new_id()
         self.calls.append(call)
         return call
 
