@@ -120,6 +120,31 @@ def test_the_calculator_stays_on_the_server(server):
     assert r.choices[0].message.content == "It is 408." and not r.choices[0].message.tool_calls
 
 
+def test_a_row_reading_the_calculators_output_leaves_the_others_their_solo_answers(server):
+    """Rows that call the calculator (n=2, temperature 0) and rows that do not, in flight together: each gets the
+    answer it gets alone."""
+    import concurrent.futures
+
+    questions = ["What is 12*34?", "Say hi.", ASK, "What is 12*34?"]
+    alone = [
+        ask(server, [{"role": "user", "content": q}], n=2, tools=[WEATHER] if q == ASK else None) for q in questions
+    ]
+    with concurrent.futures.ThreadPoolExecutor(len(questions)) as pool:
+        together = list(pool.map(lambda q: ask(server, [{"role": "user", "content": q}], n=2,
+                                               tools=[WEATHER] if q == ASK else None), questions))  # fmt: skip
+
+    def shape(response):  # each choice's text, calls (ids are fresh each time) and finish reason
+        return [
+            (c.message.content, [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []],
+             c.finish_reason)
+            for c in response.choices
+        ]  # fmt: skip
+
+    for a, b in zip(alone, together, strict=True):
+        assert shape(a) == shape(b)
+    assert alone[0].choices[1].message.content == "It is 408."
+
+
 def test_langchain_bind_tools_round_trip(server):
     langchain_openai = pytest.importorskip("langchain_openai")
     from langchain_core.messages import HumanMessage, ToolMessage

@@ -197,3 +197,25 @@ def test_prepare_chat_with_calculator_tasks_records_it(tmp_path, tiktoken_cache)
     assert meta["synthetic_tools"] == "calculator" and meta["sources"] == {"synthetic": 200}
     r = run_cli("prepare", "chat", "--include=chitchat", "--synthetic_tools=calculator", "--name=x", cwd=tmp_path)
     assert r.returncode == 2 and "--include synthetic" in r.stderr, r.stderr
+
+
+def test_the_convert_kind_offers_its_function_and_checks_out(tok):
+    from gptforge.chat.synthetic import generate
+    from gptforge.chat.tools import EXAMPLE_FUNCTIONS, convert_length
+
+    examples = generate(50, 2, "held_out", kinds=["convert"])
+    schema = EXAMPLE_FUNCTIONS["convert_length"][0]
+    for e in examples:
+        assert e.calls and e.tools == [schema]
+        call = json.loads(e.messages[1].content)["arguments"]
+        value, unit, to = call["value"], call["from"], call["to"]
+        expected = (
+            value
+            * {"mm": 1, "cm": 10, "m": 1000, "km": 1_000_000}[unit]
+            / {"mm": 1, "cm": 10, "m": 1000, "km": 1_000_000}[to]
+        )
+        assert abs(float(e.messages[2].content) - expected) <= 1e-9 * max(1.0, expected)  # a float64 reference
+        assert e.answer == f"{e.messages[2].content} {to}"
+        ids = render_prompt(e.conversation(), tok, IDS)
+        assert tok.decode(ids[2 : 2 + len(tok.encode(tools_text([schema])))]) == tools_text([schema])
+    assert convert_length(True, "m", "cm").startswith("error:") and convert_length(3, "m", "yd").startswith("error:")

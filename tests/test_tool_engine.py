@@ -89,3 +89,12 @@ def test_eval_chat_runs_the_calculator_and_counts_the_calls(tmp_path):
     assert (result["acc_mul"], result["calls_mul"], result["acc_spell"], result["calls_spell"]) == (1.0, 1.0, 1.0, 0.0)
     plain = task_accuracy(model, tok, problems, "cpu")
     assert (plain["acc_mul"], plain["acc_spell"]) == (0.0, 1.0) and "calls_mul" not in plain
+
+
+def test_eval_chat_runs_the_synthetic_function_as_the_client_would():
+    tok = from_spec({"tokenizer": "gpt2"})
+    problems = generate(2, 4, "held_out", kinds=["convert"])
+    rows = [render(p.conversation(), tok, chat_special_ids(tok)) for p in problems]
+    model = memorise(tiny_model(block_size=256, seed=5), rows, steps=300)
+    result = task_accuracy(model, tok, problems, "cpu", tools=frozenset({"calculator"}))
+    assert (result["acc_convert"], result["calls_convert"]) == (1.0, 1.0)

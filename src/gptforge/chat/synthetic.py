@@ -17,15 +17,15 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gptforge.chat.calculator import calculate
 from gptforge.chat.conversations import Conversation, Message
-from gptforge.chat.tools import call_text
+from gptforge.chat.tools import EXAMPLE_FUNCTIONS, LENGTH_UNITS, call_text
 from gptforge.core.errors import UserError
 
 KINDS = ("add3", "add", "sub", "mul", "spell", "count", "recall", "system")  # the default mix: each once
-EXTRA_KINDS = ("doc",)  # only when named
+EXTRA_KINDS = ("doc", "convert")  # only when named
 ALL_KINDS = KINDS + EXTRA_KINDS
 SPLITS = ("train", "held_out")
 HELD_OUT_PER_MILLE = 100  # a tenth of all problems is held out
@@ -42,6 +42,7 @@ class TaskExample:
     key: str  # the problem itself, whatever its wording: decides its split
     messages: list[Message]  # the whole conversation, ending with the assistant's answer
     answer: str  # exactly what the last assistant message says
+    tools: list[dict] = field(default_factory=list)  # the functions the conversation offers (chat/tools.py)
 
     @property
     def prompt(self) -> list[Message]:
@@ -55,7 +56,8 @@ class TaskExample:
         return any(m.role == "tool_call" for m in self.messages[len(self.prompt) :])
 
     def conversation(self) -> Conversation:
-        return Conversation(list(self.messages), f"synthetic:{self.kind}", {"kind": self.kind, "answer": self.answer})
+        meta = {"kind": self.kind, "answer": self.answer}
+        return Conversation(list(self.messages), f"synthetic:{self.kind}", meta, list(self.tools))
 
 
 def score(example: TaskExample, generated: str) -> bool:
@@ -112,7 +114,7 @@ def with_calculator(example: TaskExample) -> TaskExample:
                 Message("tool_call", call, call_id="c0"),
                 Message("tool_output", calculate(expression), call_id="c0"),
             ]
-    return TaskExample(example.kind, example.key, messages, example.answer)
+    return TaskExample(example.kind, example.key, messages, example.answer, example.tools)
 
 
 ARITH_QUESTION = re.compile(
@@ -254,6 +256,31 @@ def _doc(rng: random.Random, words: list[str], split: str) -> TaskExample:
     return TaskExample("doc", f"doc:{note}:{question}", _exchange(text, answer), answer)
 
 
+UNIT_NAMES = {"mm": "millimetres", "cm": "centimetres", "m": "metres", "km": "kilometres"}
+
+
+def _convert(rng: random.Random, words: list[str], split: str) -> TaskExample:
+    """A length to convert with the made-up function convert_length, which the conversation offers: the answer
+    calls it and gives its output with the unit (function calling with a result that can be checked)."""
+    unit, to = rng.sample(sorted(LENGTH_UNITS), 2)
+    value = rng.choice((rng.randint(1, 999), rng.randint(1, 99) + rng.randint(1, 9) / 10))
+    question = rng.choice(("How many {to} are {v} {unit}?", "Convert {v} {unit} to {to}.")).format(
+        v=value, unit=UNIT_NAMES[unit], to=UNIT_NAMES[to]
+    )
+    arguments = {"value": value, "from": unit, "to": to}
+    output = EXAMPLE_FUNCTIONS["convert_length"][1](arguments)
+    answer = f"{output} {to}"
+    call = Message("tool_call", call_text("convert_length", arguments), call_id="c0")
+    messages = [
+        Message("user", question),
+        call,
+        Message("tool_output", output, call_id="c0"),
+        Message("assistant", answer),
+    ]
+    schema = EXAMPLE_FUNCTIONS["convert_length"][0]
+    return TaskExample("convert", f"convert:{value}:{unit}:{to}", messages, answer, [schema])
+
+
 MAKERS: dict[str, Callable[[random.Random, list[str], str], TaskExample]] = {
     "add3": _add3,
     "add": _add,
@@ -264,6 +291,7 @@ MAKERS: dict[str, Callable[[random.Random, list[str], str], TaskExample]] = {
     "recall": _recall,
     "system": _system,
     "doc": _doc,
+    "convert": _convert,
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from gptforge.chat.calculator import calculate
@@ -36,6 +37,39 @@ BUILTIN = {  # name -> (schema, run): functions the engine runs itself, whether 
 }
 
 
+LENGTH_UNITS = {"mm": 1, "cm": 10, "m": 1000, "km": 1_000_000}  # in millimetres
+EXAMPLE_FUNCTIONS = {  # name -> (schema, run): made-up functions with checkable results, for synthetic tasks
+    "convert_length": (
+        {
+            "name": "convert_length",
+            "description": "Convert a length between mm, cm, m and km.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "value": {"type": "number"},
+                    "from": {"type": "string", "enum": list(LENGTH_UNITS)},
+                    "to": {"type": "string", "enum": list(LENGTH_UNITS)},
+                },
+                "required": ["value", "from", "to"],
+            },
+        },
+        lambda arguments: convert_length(arguments.get("value"), arguments.get("from"), arguments.get("to")),
+    )
+}
+
+
+def convert_length(value: Any, unit: Any, to: Any) -> str:
+    """`value` `unit` in `to`, exactly (the calculator's way of writing numbers), or an error text."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or unit not in LENGTH_UNITS
+        or to not in LENGTH_UNITS
+    ):
+        return f"error: give a number value and units from {', '.join(LENGTH_UNITS)}"
+    return calculate(f"{value!r}*{LENGTH_UNITS[unit]}/{LENGTH_UNITS[to]}")
+
+
 def call_text(name: str, arguments: str | dict[str, Any]) -> str:
     """What the model writes for a call: {"name": NAME, "arguments": ARGUMENTS}, the arguments as they were given
     (OpenAI's JSON text), or as JSON when given as an object; the Hugging Face template writes the same."""
@@ -55,15 +89,15 @@ def parse_call_text(text: str) -> tuple[str, str] | None:
     return call["name"], arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
-def run_builtin(name: str, arguments: str) -> str:
-    """The output of built-in tool `name` on `arguments` (JSON text); bad arguments come back as an error text."""
+def run_tool(run: Callable[[dict[str, Any]], str], arguments: str) -> str:
+    """The output of a tool's `run` on `arguments` (JSON text); bad arguments come back as an error text."""
     try:
         parsed = json.loads(arguments)
     except ValueError:
         return "error: the arguments are not JSON"
     if not isinstance(parsed, dict):
         return "error: the arguments must be a JSON object"
-    return BUILTIN[name][1](parsed)
+    return run(parsed)
 
 
 def tool_functions(tools: Any, where: str) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import torch
 
 from gptforge.chat.render import chat_special_ids, render_prompt
 from gptforge.chat.synthetic import ALL_KINDS, KINDS, generate, score
+from gptforge.chat.tools import EXAMPLE_FUNCTIONS
 from gptforge.core.distributed import DistEnv
 from gptforge.infer.engine import generate as generate_tokens
 from gptforge.infer.toolcalls import CallWatcher, builtin_tools, greedy_answer
@@ -55,7 +56,7 @@ def task_accuracy(
     ended = 0
     with evaluating(model):
         for example in examples:
-            prompt = render_prompt(example.prompt, tokenizer, special_ids)
+            prompt = render_prompt(example.prompt, tokenizer, special_ids, tools=example.tools)
             room = model.config.block_size - len(prompt)
             if room <= 0:
                 right.setdefault(example.kind, []).append(False)
@@ -83,7 +84,8 @@ def _answer(model, tokenizer, prompt, max_new_tokens, end, device, tools) -> tup
         out = generate_tokens(model, idx, max_new_tokens, temperature=0, stop_token=end)
         answer = out[0, len(prompt) :].tolist()
         return (answer[: answer.index(end)] if end in answer else answer), end in answer, 0
-    watcher = CallWatcher(chat_special_ids(tokenizer), tokenizer.decode, tokenizer.encode, tools)
+    runners = {name: run for name, (_, run) in EXAMPLE_FUNCTIONS.items()}  # the synthetic functions: run here
+    watcher = CallWatcher(chat_special_ids(tokenizer), tokenizer.decode, tokenizer.encode, tools, runners=runners)
     text, done = greedy_answer(model, prompt, max_new_tokens, end, watcher)
     return text, done, len(watcher.calls)
 

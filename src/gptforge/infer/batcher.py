@@ -237,9 +237,11 @@ class Batcher:
         self.stats["max_rows"] = max(self.stats["max_rows"], len(self.rows))
 
     def _step(self) -> None:
-        for row in [r for r in self.rows if r.feed]:  # rows that read a tool's output first: on their own
-            self._extend(row)
-        rows = [r for r in self.rows if not r.done and not r.feed]
+        while pending := [r for r in self.rows if r.feed and not r.done]:  # a tool's output first, row by row
+            for row in pending:
+                self._extend(row)
+        self._compact()  # the step below reads slots 0..B-1: every row in it live
+        rows = list(self.rows)
         if not rows:
             return
         device = self.lm.device

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gptforge.chat.tools import BUILTIN, parse_call_text, run_builtin
+from gptforge.chat.tools import BUILTIN, parse_call_text, run_tool
 from gptforge.core.errors import UserError
 from gptforge.infer.engine import Rows
 from gptforge.infer.options import TOOL_CHOICES
@@ -48,10 +48,12 @@ class CallWatcher:
         encode: Callable[[str], list[int]],
         builtins: frozenset[str] = frozenset(BUILTIN),
         offered: frozenset[str] = frozenset(),
+        runners: dict[str, Callable[[dict], str]] | None = None,
     ):
         self.ids = special_ids
         self.decode, self.encode = decode, encode
         self.builtins, self.offered = builtins, offered
+        self.runners = runners or {}  # functions run here on the client's behalf (eval chat's synthetic ones)
         self.inside: list[int] | None = None  # the call's tokens so far, while the row writes one
         self.calls: list[ToolCall] = []
         self.new_id: Callable[[], str] = lambda: f"call_{len(self.calls)}"
@@ -87,8 +89,9 @@ class CallWatcher:
         name, arguments = parsed
         if name in self.offered:
             return ToolCall(name, arguments, text)  # the caller's function: it answers
-        if name in self.builtins:
-            return self.answered(ToolCall(name, arguments, text), run_builtin(name, arguments))
+        if name in self.builtins or name in self.runners:
+            run = self.runners.get(name) or BUILTIN[name][1]
+            return self.answered(ToolCall(name, arguments, text), run_tool(run, arguments))
         return self.answered(ToolCall(name, arguments, text), f"error: there is no tool named {name!r}")
 
     def answered(self, call: ToolCall, output: str) -> ToolCall:
