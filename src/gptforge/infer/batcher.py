@@ -272,7 +272,7 @@ class Batcher:
             return
         row.made += 1
         watcher = row.watcher
-        if watcher is not None and (watcher.inside is not None or token == watcher.start):
+        if watcher is not None and watcher.in_call(token):
             text = row.stream.finish() if token == watcher.start else ""  # the text before the call, whole
             row.request.emit(Event("token", row.index, text, token, choice))
             call = watcher.push(token)

@@ -123,10 +123,6 @@ def _choice(value: Any, functions: list[dict[str, Any]]) -> str:
     return value
 
 
-def openai_call(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-
-
 def call_deltas(call: ToolCall, piece: int = 16) -> list[dict[str, Any]]:
     """A call as OpenAI streams it: its id, type and name with empty arguments, then the arguments in pieces."""
     first = {"index": 0, "id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": ""}}

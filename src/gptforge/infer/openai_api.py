@@ -24,7 +24,6 @@ from gptforge.infer.chat_model import LoadedModel
 from gptforge.infer.function_calling import (
     ToolPlan,
     call_deltas,
-    openai_call,
     plain_message,
     tools_prompt,
     uses_tools,
@@ -306,7 +305,7 @@ class Collector:
         choices = []
         for i, text in enumerate(self.texts):
             if self.chat and self.calls[i] is not None:
-                call = [openai_call(self.calls[i])]
+                call = [self.calls[i].openai()]
                 choice = {"index": i, "message": {"role": "assistant", "content": text or None, "tool_calls": call}}
             elif self.chat:
                 choice = {"index": i, "message": {"role": "assistant", "content": text}}

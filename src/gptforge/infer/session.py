@@ -52,7 +52,7 @@ class Answer:
 
     def push(self, token: int) -> Iterator[str]:
         """The text a token adds, unless it is part of a tool call."""
-        if self.watcher is not None and (self.watcher.inside is not None or token == self.watcher.start):
+        if self.watcher is not None and self.watcher.in_call(token):
             if token == self.watcher.start:
                 rest = self.stream.finish()
                 if rest:
@@ -64,9 +64,7 @@ class Answer:
 
     def called(self, call: ToolCall) -> None:
         """A call closed and its output fed: the text before it and the call become messages, new text starts."""
-        function = {"name": call.name, "arguments": call.arguments}
-        tool_call = {"id": call.call_id, "type": "function", "function": function}
-        self.parts.append({"role": "assistant", "content": self.stream.text or None, "tool_calls": [tool_call]})
+        self.parts.append({"role": "assistant", "content": self.stream.text or None, "tool_calls": [call.openai()]})
         self.parts.append({"role": "tool", "tool_call_id": call.call_id, "content": call.output or ""})
         self.stream = TextStream(self.lm.text.bytes, self.stop)
         self.segment = self.made

@@ -37,6 +37,10 @@ class ToolCall:
     call_id: str = ""
     feed: list[int] = field(default_factory=list)  # the output's tokens to feed the row next
 
+    def openai(self) -> dict:
+        """As an entry of OpenAI's tool_calls."""
+        return {"id": self.call_id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
 
 class CallWatcher:
     """Watches one row: push(token) after each sampled token; returns a ToolCall when that token closed a call."""
@@ -65,6 +69,10 @@ class CallWatcher:
     @property
     def end(self) -> int:
         return self.ids["<|tool_call_end|>"]
+
+    def in_call(self, token: int) -> bool:
+        """Whether `token` (just sampled, not yet pushed) is part of a call: its start token or anything inside."""
+        return self.inside is not None or token == self.start
 
     def push(self, token: int) -> ToolCall | None:
         if token == self.start:
@@ -112,7 +120,7 @@ def greedy_answer(model, prompt: list[int], max_new_tokens: int, end: int, watch
         if token == end:
             return text, True
         new = [token]
-        inside = watcher.inside is not None or token == watcher.start
+        inside = watcher.in_call(token)
         call = watcher.push(token)
         if call is not None:
             new += call.feed
