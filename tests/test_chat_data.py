@@ -357,3 +357,14 @@ def test_doc_notes_hold_their_answer_and_come_only_when_named():
     assert {"capitals" in e.prompt[0].content for e in docs} == {True, False}
     held_out = generate(50, seed=5, split="held_out", kinds=["doc"], words=words)
     assert {e.key for e in held_out}.isdisjoint(e.key for e in docs)
+
+
+def test_a_kind_too_long_for_the_rows_is_named_when_left_out(tmp_path, tiktoken_cache, capsys):
+    """Every convert conversation (a function schema in the system turn) is longer than 65 tokens: prepare says
+    which source lost them, by name, and meta.json keeps the count; the short kind fits and is not named."""
+    meta = prepare_chat(
+        [], "s", GPT2, 64, data_dir=str(tmp_path / "data"), recipes=["synthetic"], synthetic_examples=40,
+        synthetic_kinds=["convert", "add"],
+    )  # fmt: skip
+    assert meta["counts"]["train"]["left_out_sources"] == {"synthetic:convert": [20, 20]}
+    assert "warning: synthetic:convert: 20 of 20 conversations left out" in capsys.readouterr().err

@@ -57,7 +57,15 @@ GROUPS = [
     ("data", "data.options", "data.sources", "tokenizer.train", "tokenizer.options", "tokenizer.command"),
     ("data.chat_batches", "data.loader", "data.prepare", "data.shards", "data.command"),  # datasets in, batches out
     # weights in and out of files
-    ("weights.options", "weights.checkpoint", "weights.pretrained", "weights.load", "weights.export"),
+    (
+        "weights.options",
+        "weights.checkpoint",
+        "weights.pretrained",
+        "weights.gguf_vocab",
+        "weights.gguf_file",
+        "weights.load",
+        "weights.export",
+    ),
     ("infer.options", "infer.engine", "infer.decode", "infer.sample"),  # using a model
     (
         "infer.textstream",

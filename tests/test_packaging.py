@@ -16,7 +16,7 @@ else:  # Python 3.10: tomllib's original
     tomllib = pytest.importorskip("tomli")
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
-RUNTIME = {"hf", "data", "wandb", "tensorboard", "eval", "chat", "dashboard", "serve"}
+RUNTIME = {"hf", "data", "wandb", "tensorboard", "eval", "chat", "dashboard", "serve", "gguf"}
 
 
 def extras() -> dict[str, set[str]]:
@@ -38,6 +38,7 @@ NEEDS = [  # (command, a module its extra installs, made absent; that extra)
     (["dashboard", "."], "plotly", "dashboard"),
     (["serve", "--out_dir=no-run", "--port=0"], "fastapi", "serve"),
     (["export", "--out_dir=no-run", "--to=hf"], "safetensors", "hf"),
+    (["export", "--out_dir=no-run", "--to=m.gguf"], "gguf", "gguf"),
 ]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -209,8 +210,22 @@ def pack_split(
         "dropped": plan.dropped,
         "dropped_exchanges": plan.dropped_exchanges,
         "waste": round(packed.waste, 6),
+        "left_out_sources": _left_out_sources(conversations, encoded, row_len),
     }
     return packed, counts
+
+
+def _left_out_sources(conversations: list[Conversation], encoded: list[Any], row_len: int) -> dict[str, list[int]]:
+    """{source: [left out, of]} for each source (a synthetic kind, a file, chitchat) that loses at least half its
+    conversations because not even one exchange of them fits a row: a whole kind lost is said by name."""
+    lost: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    for conversation, e in zip(conversations, encoded, strict=True):
+        where = conversation.where
+        source = where if where.startswith("synthetic:") else (where.rpartition(":")[0] or where)
+        total[source] += 1
+        lost[source] += not any(e.header + n <= row_len for n in e.exchange_lengths())
+    return {source: [n, total[source]] for source, n in sorted(lost.items()) if n and 2 * n >= total[source]}
 
 
 def _log_summary(folder: str, meta: dict[str, Any]) -> None:
@@ -231,5 +246,10 @@ def _log_summary(folder: str, meta: dict[str, Any]) -> None:
             log(
                 f"  left out: {c['dropped_exchanges']:,} exchanges (too long for a row, or past a cut), "
                 f"{c['dropped']:,} conversations with no exchange that fits"
+            )
+        for source, (lost, of) in (c.get("left_out_sources") or {}).items():
+            log(
+                f"  warning: {source}: {lost:,} of {of:,} conversations left out, longer than a {row_len}-token row "
+                "even one exchange at a time: raise --block_size (and the model's) or shorten them"
             )
     log(f"wrote {folder}/{{train,val}}_{{tokens,mask,bounds,offsets}}.npy, meta.json")

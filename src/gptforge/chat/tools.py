@@ -38,19 +38,17 @@ BUILTIN = {  # name -> (schema, run): functions the engine runs itself, whether 
 
 
 LENGTH_UNITS = {"mm": 1, "cm": 10, "m": 1000, "km": 1_000_000}  # in millimetres
-EXAMPLE_FUNCTIONS = {  # name -> (schema, run): made-up functions with checkable results, for synthetic tasks
+# name -> (schema, run): made-up functions with checkable results, for synthetic tasks. The schema is kept short
+# (no enum, no required list): listed in the system turn it costs ~100 tokens of a 4k-vocabulary tokenizer, and the
+# chat recipe's whole conversation must fit a 257-token row (with the enums it did not, and prepare left it out).
+EXAMPLE_FUNCTIONS = {
     "convert_length": (
         {
             "name": "convert_length",
             "description": "Convert a length between mm, cm, m and km.",
             "parameters": {
                 "type": "object",
-                "properties": {
-                    "value": {"type": "number"},
-                    "from": {"type": "string", "enum": list(LENGTH_UNITS)},
-                    "to": {"type": "string", "enum": list(LENGTH_UNITS)},
-                },
-                "required": ["value", "from", "to"],
+                "properties": {"value": {"type": "number"}, "from": {"type": "string"}, "to": {"type": "string"}},
             },
         },
         lambda arguments: convert_length(arguments.get("value"), arguments.get("from"), arguments.get("to")),

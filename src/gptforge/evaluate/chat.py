@@ -41,7 +41,7 @@ def task_accuracy(
     examples: list[Any],
     device: str,
     ctx: contextlib.AbstractContextManager | None = None,
-    max_new_tokens: int = 48,
+    max_new_tokens: int = 128,  # a function call alone can take ~60 tokens of a small vocabulary
     bar: Any = None,
     tools: frozenset[str] | None = None,
 ) -> dict[str, Any]:

@@ -76,7 +76,9 @@ class EvalChatArgs:
     init_from: str = model_source()
     kinds: str = setting("add3,recall", "comma-separated task kinds: " + ",".join(ALL_KINDS))
     examples: int = setting(200, "problems per kind")
-    max_new_tokens: int = setting(48, "longest answer generated")
+    max_new_tokens: int = setting(
+        128, "most tokens the model writes in one answer, its tool calls included (tool outputs are not counted)"
+    )
     seed: int = setting(1337, "seed choosing the problems")
     device: str = device_setting()
     dtype: str = dtype_setting()

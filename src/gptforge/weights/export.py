@@ -45,9 +45,12 @@ HF_FOLDER_FILES = frozenset(
 )
 
 
-def export_run(out_dir: str, ckpt: str | None, to: str, force: bool) -> str:
-    """`gptforge export`: the checkpoint's model and tokenizer as a Hugging Face folder; notes go to stderr, one
-    summary line to stdout (what the folder is, and how its tokens are encoded). Returns the checkpoint path."""
+def export_run(out_dir: str, ckpt: str | None, to: str, force: bool, outtype: str = "f16") -> str:
+    """`gptforge export`: the checkpoint's model and tokenizer as a Hugging Face folder, or (--to=NAME.gguf) as one
+    GGUF file; notes go to stderr, one summary line to stdout (what was written, and how its tokens are encoded).
+    Returns the checkpoint path."""
+    if to.endswith(".gguf"):
+        return export_gguf_run(out_dir, ckpt, to, force, outtype)
     if importlib.util.find_spec("safetensors") is None:  # said before the checkpoint loads, not as a traceback
         raise UserError(
             "gptforge export writes model.safetensors, which needs safetensors: pip install 'gptforge[hf]' (or "
@@ -66,6 +69,37 @@ def export_run(out_dir: str, ckpt: str | None, to: str, force: bool) -> str:
     )
     chat_note = "; a chat model: its chat_template and end token are in the folder" if chat else ""
     print(f"wrote {to}: a Hugging Face {kind} of {path}, step {step}; tokens: {describe_tokens(tok)}{chat_note}")
+    return path
+
+
+def export_gguf_run(out_dir: str, ckpt: str | None, to: str, force: bool, outtype: str) -> str:
+    """`gptforge export --to=NAME.gguf`: everything that can be refused is refused before a byte is written."""
+    from gptforge.weights.gguf_file import check_gguf_model, export_gguf, gguf_module
+
+    gguf_module()  # the package's absence said before the checkpoint loads
+    modelfile = f"{os.path.splitext(to)[0]}.Modelfile"
+    existing = [p for p in (to, modelfile) if os.path.exists(p)]
+    if os.path.isdir(to) or (existing and not force):
+        what = "is a folder" if os.path.isdir(to) else "exists"
+        raise UserError(
+            f"--to={existing[0] if existing else to} {what}; choose a new file name, or add --force to "
+            "replace a previous export"
+        )
+    path = checkpoint_path(out_dir, ckpt)
+    model, tok, checkpoint = load_checkpoint_model(path, "cpu")
+    check_gguf_model(model.config)
+    chat = (checkpoint.get("config") or {}).get("task") == "sft"
+    special_ids = chat_special_ids(tok) if chat else {}
+    name = os.path.basename(os.path.normpath(out_dir if ckpt is None else os.path.dirname(path) or "."))
+    for note in export_gguf(model, tok, to, outtype, chat, special_ids, name):
+        log(f"note: {note}")
+    step = checkpoint.get("iter_num", "?")
+    chat_note = "; a chat model: its chat template and end token are in the file" if chat else ""
+    tokens = "GPT-2 BPE" if tok.kind == "gpt2" else f"own byte-level BPE {tok.name!r} ({tok.vocab_size} tokens)"
+    print(
+        f"wrote {to} ({outtype}) and {modelfile}: a GGUF file of llama.cpp's gpt2 architecture from {path}, step "
+        f"{step}; tokens: {tokens}{chat_note}"
+    )
     return path
 
 

@@ -47,6 +47,13 @@ def load_model(
         raise UserError(f"--ckpt={ckpt} and --init_from={init_from} each name the model to load; give one of them")
     if init_from == "resume":
         return load_checkpoint_model(checkpoint_path(out_dir, ckpt), device)
+    if init_from.endswith(".gguf"):
+        from gptforge.weights.gguf_file import read_gguf
+
+        if not os.path.isfile(init_from):
+            raise UserError(f"--init_from={init_from}: no such file; give a GGUF file `gptforge export` wrote")
+        model, tok, chat = read_gguf(init_from)
+        return model.to(device), tok, {"config": {"task": "sft"} if chat else {}}
     from gptforge.weights.pretrained import load_pretrained
 
     tok = folder_tokenizer(init_from) if os.path.isdir(init_from) else from_spec({"tokenizer": "gpt2"})

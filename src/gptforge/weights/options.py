@@ -12,8 +12,8 @@ from gptforge.core.config import DTYPE_CHOICES
 from gptforge.core.settings import REQUIRED, setting
 
 SOURCE_HELP = (
-    "'resume' (the run in --out_dir), a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl), or a local Hugging Face "
-    "folder (GPT-2 or NanoChat, e.g. one `gptforge export` wrote)"
+    "'resume' (the run in --out_dir), a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl), a local Hugging Face "
+    "folder (GPT-2 or NanoChat, e.g. one `gptforge export` wrote), or a GGUF file `gptforge export` wrote (NAME.gguf)"
 )
 DTYPE_HELP = (
     "autocast dtype (auto: bf16/fp16 on CUDA; on a CPU bf16 where the hardware has it, AMX or AVX512-BF16, for "
@@ -49,5 +49,15 @@ def dtype_setting() -> Any:
 class ExportArgs:
     out_dir: str = run_folder()
     ckpt: str | None = checkpoint_file("export")
-    to: str = setting(REQUIRED, "the folder to create (it may exist if empty)", metavar="FOLDER")
-    force: bool = setting(False, "replace FOLDER when it holds a previous export")
+    to: str = setting(
+        REQUIRED,
+        "the Hugging Face folder to create (it may exist if empty), or a file NAME.gguf: one GGUF file for llama.cpp, "
+        "Ollama and LM Studio, with NAME.Modelfile beside it",
+        metavar="FOLDER|NAME.gguf",
+    )
+    outtype: str = setting(
+        "f16",
+        "a GGUF file's weights: f32, f16, bf16 or q8_0 (norms and biases stay f32)",
+        choices=("f32", "f16", "bf16", "q8_0"),
+    )
+    force: bool = setting(False, "replace a previous export at --to")
