@@ -38,7 +38,7 @@ def _logits(model, ids):
 
 @pytest.mark.parametrize("outtype", list(TOLERANCE))
 def test_read_back_computes_the_runs_logits(runs, tmp_path, outtype, capsys):
-    export_run(str(runs["base"]), None, str(tmp_path / "m.gguf"), False, outtype)
+    export_run(str(runs["base"]), None, str(tmp_path / "m.gguf"), outtype, False)
     assert "wrote" in capsys.readouterr().out
     model, tok, _ = load_checkpoint_model(str(runs["base"] / "ckpt.pt"), "cpu")
     back, tok_back, chat = read_gguf(str(tmp_path / "m.gguf"))
@@ -66,7 +66,7 @@ def test_tensor_names_are_llama_cpps_gpt2(runs):
 def test_a_chat_run_keeps_its_template_and_answers_through_init_from(runs, tmp_path):
     gguf = pytest.importorskip("gguf")
     path = tmp_path / "chat.gguf"
-    export_run(str(runs["chat"]), None, str(path), False, "f32")
+    export_run(str(runs["chat"]), None, str(path), "f32", False)
     fields = gguf.GGUFReader(str(path)).fields
     template = fields["tokenizer.chat_template"].contents()
     assert "<|assistant_start|>" in template and "{%- generation -%}" not in template
@@ -82,7 +82,7 @@ def test_a_chat_run_keeps_its_template_and_answers_through_init_from(runs, tmp_p
 
 def test_sample_and_eval_read_a_gguf_file(runs, tmp_path, bpe_data):
     path = tmp_path / "m.gguf"
-    export_run(str(runs["base"]), None, str(path), False, "q8_0")
+    export_run(str(runs["base"]), None, str(path), "q8_0", False)
     r = run_cli(
         "sample",
         f"--init_from={path}",
@@ -135,13 +135,13 @@ def test_a_character_vocabulary_and_a_two_digit_bpe_are_refused(tmp_path):
         chat=False,
     )
     with pytest.raises(UserError, match="character vocabulary"):
-        export_run(str(char), None, str(tmp_path / "c.gguf"), False, "f16")
+        export_run(str(char), None, str(tmp_path / "c.gguf"), "f16", False)
     from gptforge.tokenizer.bpe import BPETokenizer, split_pattern
 
     tok = BPETokenizer([bytes([b]) for b in range(256)], "two", split_pattern(2))
     two = write_run(tmp_path / "two", tiny_model(vocab_size=tok.vocab_size, block_size=32), tok.spec(), chat=False)
     with pytest.raises(UserError, match="--max_digits 1"):
-        export_run(str(two), None, str(tmp_path / "t.gguf"), False, "f16")
+        export_run(str(two), None, str(tmp_path / "t.gguf"), "f16", False)
     assert _nothing_written(tmp_path)
 
 
@@ -167,7 +167,7 @@ def test_a_file_that_is_not_gguf_is_a_clear_error(tmp_path):
 
 def test_model_args_and_tokenizer_are_recorded(runs, tmp_path):
     gguf = pytest.importorskip("gguf")
-    export_run(str(runs["base"]), None, str(tmp_path / "m.gguf"), False, "f16")
+    export_run(str(runs["base"]), None, str(tmp_path / "m.gguf"), "f16", False)
     fields = gguf.GGUFReader(str(tmp_path / "m.gguf")).fields
     assert json.loads(fields["gptforge.tokenizer"].contents()) == {"tokenizer": "gpt2"}
     assert json.loads(fields["gptforge.model_args"].contents())["n_embd"] == 32

@@ -47,7 +47,7 @@ def base(tmp_path_factory):
     run = write_run(root / "run", tiny_model(block_size=64, gelu="tanh"), {"tokenizer": "gpt2"}, chat=False)
     files = {}
     for outtype in TOLERANCE:
-        export_run(str(run), None, str(root / f"{outtype}.gguf"), False, outtype)
+        export_run(str(run), None, str(root / f"{outtype}.gguf"), outtype, False)
         files[outtype] = root / f"{outtype}.gguf"
     model, tok, _ = load_checkpoint_model(str(run / "ckpt.pt"), "cpu")
     return model, tok, files
@@ -87,7 +87,7 @@ def test_50_greedy_tokens_are_llama_cpps(base):
 def test_a_chat_answer_through_llama_cpps_chat_completion_is_gptforge_chats(tmp_path):
     run = chat_run(tmp_path / "chat")
     path = tmp_path / "chat.gguf"
-    export_run(str(run), None, str(path), False, "f32")
+    export_run(str(run), None, str(path), "f32", False)
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_threads=1, verbose=False, seed=0)
     for question in ("hi", "what is 2+3?"):
         reply = llm.create_chat_completion(
@@ -160,7 +160,7 @@ def test_llama_cpps_tokenizer_gives_an_own_bpes_ids(tmp_path, shakespeare_path, 
     folder = train_tokenizer([str(sample)], 700, f"d{digits}", out_root=str(tmp_path / "tok"), max_digits=digits)
     tok = folder_tokenizer(folder)
     run = write_run(tmp_path / "run", tiny_model(vocab_size=tok.vocab_size, block_size=32), tok.spec(), chat=False)
-    export_run(str(run), None, str(tmp_path / "m.gguf"), False, "f16")
+    export_run(str(run), None, str(tmp_path / "m.gguf"), "f16", False)
     llm = llama_cpp.Llama(model_path=str(tmp_path / "m.gguf"), n_ctx=32, vocab_only=True, verbose=False)
     for text in [*_random_texts(seed=digits), "Thou art 1234 fathoms deep,\n\n  my lord."]:
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok.encode(text), repr(text)

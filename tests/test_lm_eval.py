@@ -105,7 +105,7 @@ def work(tmp_path_factory) -> Path:
     shape = dict(dataset="shakespeare", block_size=256, batch_size=4, max_iters=30, eval_interval=30, eval_iters=2)
     for run, switches in (("gpt2", {}), ("modern", {**ALL_ON, "zero_init": False, "optimizer": "muon"})):
         train_in_process(*tiny_train_args(root / "data", root / run, **shape, **switches))
-        export_run(str(root / run), None, str(root / (run + "-hf")), force=False)
+        export_run(str(root / run), None, str(root / (run + "-hf")), "f16", force=False)
     return root
 
 

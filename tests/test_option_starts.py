@@ -27,7 +27,7 @@ def starts(tmp_path_factory):
     (root / "tiny.txt").write_text(SMALL_TEXT)
     prepare("text", data_dir=str(root / "data"), files=[str(root / "tiny.txt")], name="tiny", tokenizer="char")
     train_in_process(*tiny_train_args(root / "data", root / "run", **BASE))
-    export_run(str(root / "run"), None, str(root / "hf"), force=False)
+    export_run(str(root / "run"), None, str(root / "hf"), "f16", force=False)
     return root
 
 

@@ -45,7 +45,7 @@ HF_FOLDER_FILES = frozenset(
 )
 
 
-def export_run(out_dir: str, ckpt: str | None, to: str, force: bool, outtype: str = "f16") -> str:
+def export_run(out_dir: str, ckpt: str | None, to: str, outtype: str, force: bool) -> str:
     """`gptforge export`: the checkpoint's model and tokenizer as a Hugging Face folder, or (--to=NAME.gguf) as one
     GGUF file; notes go to stderr, one summary line to stdout (what was written, and how its tokens are encoded).
     Returns the checkpoint path."""
