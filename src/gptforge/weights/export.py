@@ -58,7 +58,7 @@ def export_run(out_dir: str, ckpt: str | None, to: str, outtype: str, force: boo
         )
     path = checkpoint_path(out_dir, ckpt)
     model, tok, checkpoint = load_checkpoint_model(path, "cpu")
-    chat = (checkpoint.get("config") or {}).get("task") == "sft"
+    chat = _is_chat(checkpoint)
     for note in export_hf(model, to, tok.spec(), force=force, chat=chat):
         log(f"note: {note}")
     step = checkpoint.get("iter_num", "?")
@@ -74,7 +74,7 @@ def export_run(out_dir: str, ckpt: str | None, to: str, outtype: str, force: boo
 
 def export_gguf_run(out_dir: str, ckpt: str | None, to: str, force: bool, outtype: str) -> str:
     """`gptforge export --to=NAME.gguf`: everything that can be refused is refused before a byte is written."""
-    from gptforge.weights.gguf_file import check_gguf_model, export_gguf, gguf_module
+    from gptforge.weights.gguf_file import export_gguf, gguf_module
 
     gguf_module()  # the package's absence said before the checkpoint loads
     modelfile = f"{os.path.splitext(to)[0]}.Modelfile"
@@ -87,10 +87,9 @@ def export_gguf_run(out_dir: str, ckpt: str | None, to: str, force: bool, outtyp
         )
     path = checkpoint_path(out_dir, ckpt)
     model, tok, checkpoint = load_checkpoint_model(path, "cpu")
-    check_gguf_model(model.config)
-    chat = (checkpoint.get("config") or {}).get("task") == "sft"
+    chat = _is_chat(checkpoint)
     special_ids = chat_special_ids(tok) if chat else {}
-    name = os.path.basename(os.path.normpath(out_dir if ckpt is None else os.path.dirname(path) or "."))
+    name = os.path.basename(os.path.dirname(os.path.abspath(path)))  # the run folder's name
     for note in export_gguf(model, tok, to, outtype, chat, special_ids, name):
         log(f"note: {note}")
     step = checkpoint.get("iter_num", "?")
@@ -101,6 +100,11 @@ def export_gguf_run(out_dir: str, ckpt: str | None, to: str, force: bool, outtyp
         f"{step}; tokens: {tokens}{chat_note}"
     )
     return path
+
+
+def _is_chat(checkpoint: dict[str, Any]) -> bool:
+    """A run fine-tuned on conversations: its chat tokens, template and end token go into the export."""
+    return (checkpoint.get("config") or {}).get("task") == "sft"
 
 
 def describe_tokens(tok: Tokenizer) -> str:

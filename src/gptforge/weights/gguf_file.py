@@ -20,7 +20,6 @@ from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.tokenizer.spec import Tokenizer, from_spec
 from gptforge.weights.gguf_vocab import GGUFVocab, gguf_chat_template, gguf_vocab, modelfile
 
-OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # llama.cpp's LlamaFileType (MOSTLY_*)
 EXPRESSIBLE = ("zero_init", "untie_head")  # switches the gpt2 architecture holds: an initialisation, an output.weight
 LAYER_NAMES = {  # gptforge's names -> llama.cpp's (gpt2 architecture), per block

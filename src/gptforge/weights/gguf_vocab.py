@@ -5,7 +5,7 @@ and an own BPE with digits one per token ('qwen2') or up to three ('llama-bpe').
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gptforge.chat.template import CHAT_TEMPLATE
@@ -30,7 +30,6 @@ class GGUFVocab:
     pre: str
     bos: int
     eos: int
-    notes: list[str] = field(default_factory=list)
 
 
 def gguf_vocab(tok: Any, special_ids: dict[str, int], rows: int) -> GGUFVocab:
