@@ -87,6 +87,7 @@ GROUPS = [
     ("evaluate.harness",),
     ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),
     ("train.start", "train.setup", "train.loop"),
+    ("rl.options", "rl.rewards", "rl.rollout", "rl.objective", "rl.start", "rl.evaluate", "rl.loop"),  # RL on rewards
     ("bench.options", "bench.profile", "bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
     ("cli.parsers", "cli.handlers", "cli.args", "cli.main"),  # the CLI: options -> parsers, and who does the work
 ]
@@ -101,6 +102,7 @@ STAGES = [
     "infer",
     "evaluate",
     "train",
+    "rl",
     "bench",
     "cli",
 ]

@@ -45,6 +45,20 @@ override them, in order, the last one winning. Examples:
 
 config keys (--key=DEFAULT  (type)):
 """
+RL_USAGE = """usage: gptforge rl [CONFIG_FILE ...] [--key=value | --key value ...]
+
+Improve a chat model by reward (GRPO-style RL): each step samples num_generations answers to each of
+prompts_per_step prompts, scores them (exact match, or --reward=FILE.py:FUNCTION), and takes a policy-gradient step
+on the answers' tokens with each answer's reward minus its group's mean as its advantage. Config files hold
+`name = value` lines, read as data; options override them, the last one winning. Running the same command again
+continues the run in --out_dir from its last checkpoint. Examples:
+
+  gptforge rl config/chat_rl_cpu.py
+  gptforge rl --init_from=out-chat-sft --kinds=count,spell --max_steps=50
+  torchrun --standalone --nproc_per_node=2 -m gptforge rl config/chat_rl_cpu.py
+
+settings (--key=DEFAULT  (type)):
+"""
 BENCH_USAGE = (
     "gptforge bench [CONFIG_FILE ...] [--key=value ...] [--compare] [--json] [--iters N] [--warmup N] [--rounds N] "
     "[--profile] [--generation] [--tokenizers[=TEXT_FILE]]\n"
@@ -142,6 +156,7 @@ COMMANDS = (
     ),
     Command("train", "train a GPT (nanoGPT config files and --key=value options)"),
     Command("bench", "time the training step: tokens/s, MFU, memory; --compare with the baseline"),
+    Command("rl", "improve a chat model by reward: RL on verifiable tasks (GRPO-style)"),
     Command(
         "sample",
         "sample text from a trained run",
@@ -188,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_commands(sub: argparse._SubParsersAction, commands: tuple[Command, ...]) -> None:
     """A parser per command, its arguments from its options class; the command itself is the parse's `chosen`."""
     for command in commands:
-        if command.options is None and not command.tasks:  # train, bench: only listed here
+        if command.options is None and not command.tasks:  # train, bench, rl: only listed here
             sub.add_parser(command.name, help=command.help, add_help=False)
             continue
         p = sub.add_parser(command.name, help=command.help, formatter_class=formatter, description=command.description)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from gptforge.bench.options import BenchArgs
-from gptforge.cli.args import TRAIN_USAGE, bench_parser, build_parser
+from gptforge.cli.args import RL_USAGE, TRAIN_USAGE, bench_parser, build_parser
 from gptforge.cli.parsers import parsed
 from gptforge.core.allocator import keep_freed_memory
 from gptforge.core.errors import UserError
@@ -20,8 +20,8 @@ from gptforge.core.quick_exit import quick_exit
 
 def run(argv: Sequence[str]) -> int:
     argv = list(argv)
-    if argv and argv[0] in ("train", "bench"):  # config files and --key=value options: not argparse's to parse
-        return run_train(argv[1:]) if argv[0] == "train" else run_bench(argv[1:])
+    if argv and argv[0] in ("train", "bench", "rl"):  # config files and --key=value options: not argparse's to parse
+        return {"train": run_train, "bench": run_bench, "rl": run_rl}[argv[0]](argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -44,6 +44,21 @@ def run_train(args: list[str]) -> int:
     from gptforge.train.loop import train
 
     train(cfg)
+    return 0
+
+
+def run_rl(args: list[str]) -> int:
+    from gptforge.core.config_file import load_settings
+    from gptforge.core.settings import help_text
+    from gptforge.rl.options import RLConfig
+
+    if "-h" in args or "--help" in args:
+        print(RL_USAGE + help_text(RLConfig))
+        return 0
+    cfg = load_settings(RLConfig, args, "rl")
+    from gptforge.rl.loop import rl
+
+    rl(cfg)
     return 0
 
 

@@ -1,13 +1,18 @@
 """nanoGPT's config files read as data: `name = value` lines whose values are literals (numbers, strings, bools,
-arithmetic on numbers), parsed with `ast` and never executed."""
+arithmetic on numbers), parsed with `ast` and never executed; `load_settings`: any settings dataclass from such
+files and --key=value options (`gptforge rl`; train's own keys and aliases: core/config.py)."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import difflib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from gptforge.core.errors import UserError
+from gptforge.core.settings import REQUIRED, check_fields, default_of
 
 
 def read_config_file(path: str) -> list[tuple[str, Any, str]]:
@@ -74,3 +79,64 @@ def _literal(node: ast.AST) -> Any:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         return _literal(node.operand) * (-1 if isinstance(node.op, ast.USub) else 1)
     return ast.literal_eval(node)
+
+
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+
+
+def load_settings(cls: type, args: Sequence[str], command: str) -> Any:
+    """A settings dataclass (core/settings.py) from config files (read as data, as above) and --key=value /
+    --key value options, in order, the last one winning; each value checked against its field's type, then every
+    field's own check (check_fields). An unknown key is named with where it was given and the nearest known keys."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    given: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg, i = args[i], i + 1
+        if not arg.startswith("--"):
+            for key, value, where in read_config_file(arg):
+                given[key] = _typed(fields, key, value, where, command, from_text=False)
+            continue
+        key, sep, text = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if not sep:
+            nxt = args[i] if i < len(args) else None
+            if key in fields and fields[key].type == "bool" and (nxt is None or nxt.lower() not in _TRUE | _FALSE):
+                text = "True"
+            elif nxt is None or nxt.startswith("--"):
+                raise UserError(f"--{key} needs a value: --{key}=VALUE or --{key} VALUE")
+            else:
+                text, i = nxt, i + 1
+        given[key] = _typed(fields, key, text, f"--{key}", command, from_text=True)
+    missing = [k for k, f in fields.items() if default_of(f) is REQUIRED and k not in given]
+    if missing:
+        raise UserError(f"gptforge {command} needs --{missing[0]} ({fields[missing[0]].metadata['doc']})")
+    obj = cls(**given)
+    check_fields(obj)
+    return obj
+
+
+def _typed(fields: dict[str, Any], key: str, value: Any, where: str, command: str, from_text: bool) -> Any:
+    """`value` as the type of settings field `key` (text from the command line parsed as a literal first)."""
+    if key not in fields:
+        close = difflib.get_close_matches(key, list(fields), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; `gptforge {command} --help` lists them"
+        raise UserError(f"{where}: unknown key {key!r}{hint}")
+    kind = fields[key].type.replace(" | None", "")
+    if from_text:
+        if kind == "bool" and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        if kind != "str":
+            try:
+                value = ast.literal_eval(value)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                pass
+    ok = {
+        "str": isinstance(value, str),
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+    }.get(kind, True)
+    if not ok:
+        raise UserError(f"{where}: {key} must be {kind}, got {value!r}")
+    return float(value) if kind == "float" else value

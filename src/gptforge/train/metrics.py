@@ -249,7 +249,18 @@ def _console_line(step: int, kind: str, v: dict[str, Any]) -> str:
         )
     if kind == "end":
         return f"step {step}: done ({v.get('reason', '')})"
+    if kind in ("rl", "rl_eval"):
+        return _rl_line(step, kind, v)
     return f"step {step}: {kind} " + ", ".join(f"{k} {val}" for k, val in v.items())
+
+
+def _rl_line(step: int, kind: str, v: dict[str, Any]) -> str:
+    """gptforge rl's lines: a step's rewards, pass rates, speed and time left; an evaluation's pass rates."""
+    shown = {k: x for k, x in v.items() if isinstance(x, float) and k not in ("lr", "step_s", "eta_s")}
+    text = ", ".join(f"{k} {x:,.0f}" if k.endswith("per_s") else f"{k} {x:.4g}" for k, x in shown.items())
+    if kind == "rl_eval":
+        return f"step {step}: held-out {text}"
+    return f"step {step}: {text}, {v['step_s']:.1f}s, eta {format_duration(v['eta_s'])}"
 
 
 def format_duration(seconds: float) -> str:

@@ -1,0 +1,154 @@
+"""Where an RL run starts, decided and checked before anything is written: a chat run's checkpoint (--init_from), or
+the run's own last checkpoint in --out_dir (it continues from there: auto-resume), its tokenizer, the prompts and
+the reward. Its checkpoints are the chat model's checkpoint with the weights moved on plus what a resume needs
+(the optimizer and the step): `gptforge chat / serve / eval chat / export` read them as they read the SFT run's.
+
+A resume needs no random state: each step's prompts and samples are drawn from generators seeded by (seed, step,
+rank), so a run resumed at step N draws what the uninterrupted run drew there."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gptforge.chat.render import chat_special_ids, render_prompt
+from gptforge.core.distributed import DistEnv
+from gptforge.core.errors import UserError
+from gptforge.core.files import CKPT, atomic_write, remove_stale_temporaries
+from gptforge.infer.chat_model import ANSWER_END, is_chat_model
+from gptforge.model.gpt import GPT
+from gptforge.model.optim import configure_optimizer
+from gptforge.rl.options import RLConfig
+from gptforge.rl.rewards import PromptSource, Reward, check_answers_given, load_reward, score
+from gptforge.weights.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from gptforge.weights.load import load_checkpoint_model
+
+RL_CONFIG = "rl_config.json"  # the run's settings, beside its checkpoint (config.json stays the chat run's)
+NOT_SAVED = (
+    "model",
+    "optimizer",
+    "scaler",
+    "rng",
+    "rng_per_rank",
+    "data_state",
+    "rl",
+)  # replaced or not a chat model's
+
+
+@dataclass
+class Start:
+    """What a run works with: the model (float32 weights, on the device), its optimizer, the starting model for
+    the KL penalty (beta > 0), the tokenizer and its chat ids, the step to start at, the checkpoint's other keys."""
+
+    model: GPT
+    optimizer: torch.optim.Optimizer
+    reference: GPT | None
+    tokenizer: Any
+    special_ids: dict[str, int]
+    step: int
+    base: dict[str, Any]
+    source: PromptSource
+    reward: Reward
+
+    @property
+    def end(self) -> int:
+        return self.special_ids[ANSWER_END]
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        return render_prompt(messages, self.tokenizer, self.special_ids)
+
+
+def begin(cfg: RLConfig, env: DistEnv) -> Start:
+    """The run's model, optimizer and inputs, every input checked; nothing is written here."""
+    if cfg.prompts_per_step % env.world_size:
+        raise UserError(
+            f"--prompts_per_step={cfg.prompts_per_step} does not divide over {env.world_size} processes; make it a "
+            f"multiple of {env.world_size}"
+        )
+    reward = load_reward(cfg.reward)
+    source = PromptSource(cfg.kinds, cfg.prompts, cfg.seed)
+    if source.records is not None:
+        check_answers_given(reward, source.records, cfg.prompts)
+    own = os.path.join(cfg.out_dir, CKPT)
+    resumed = os.path.isfile(own)
+    path = own if resumed else os.path.join(cfg.init_from, CKPT)
+    if not resumed and not os.path.isfile(path):
+        raise UserError(
+            f"--init_from={cfg.init_from}: no {CKPT} there; give the folder of a chat run (gptforge train --task=sft)"
+        )
+    model, tokenizer, ckpt = load_checkpoint_model(path, env.device)
+    if resumed and "rl" not in ckpt:
+        raise UserError(
+            f"--out_dir={cfg.out_dir} holds another run's {CKPT} (not an RL run's); choose another --out_dir"
+        )
+    if not is_chat_model(tokenizer, ckpt, cfg.init_from):
+        raise UserError(
+            f"--init_from={cfg.init_from} is a base model: RL improves a chat model; fine-tune it on conversations "
+            "first (gptforge train --task=sft, docs/RECIPES.md)"
+        )
+    optimizer = configure_optimizer(
+        model, cfg.weight_decay, cfg.learning_rate, (cfg.adam_beta1, cfg.adam_beta2), env.device_type
+    )
+    step = 0
+    if resumed:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        step = int(ckpt["rl"]["step"])
+        env.say(f"resuming the RL run in {cfg.out_dir} at step {step} (of {cfg.max_steps})")
+    reference = _reference(cfg, ckpt, resumed, model)
+    base = {k: v for k, v in ckpt.items() if k not in NOT_SAVED}
+    start = Start(model, optimizer, reference, tokenizer, chat_special_ids(tokenizer), step, base, source, reward)
+    check_prompts_fit(start, cfg)
+    first = (source.records or source.step(0, 1))[0]
+    score(reward, first, "")  # a reward that fails on every answer fails here, before anything is written
+    return start
+
+
+def _reference(cfg: RLConfig, ckpt: dict[str, Any], resumed: bool, model: GPT) -> GPT | None:
+    """The starting model the KL penalty holds the policy near (beta > 0): a frozen copy of --init_from's weights."""
+    if cfg.beta <= 0:
+        return None
+    reference = copy.deepcopy(model)
+    if resumed:
+        reference.load_state_dict(load_checkpoint(os.path.join(cfg.init_from, CKPT))["model"])
+    return reference.requires_grad_(False).eval()
+
+
+def check_prompts_fit(start: Start, cfg: RLConfig) -> None:
+    """Every file prompt (or a first step's synthetic ones) leaves room for an answer in the context."""
+    prompts = start.source.records or start.source.step(0, cfg.prompts_per_step)
+    block = start.model.config.block_size
+    for p in prompts:
+        n = len(start.prompt_ids(p.messages))
+        if n >= block:
+            where = f"{cfg.prompts}:{p.example.get('line')}" if start.source.records else f"a {p.kind} prompt"
+            raise UserError(f"{where}: its {n} tokens leave no room for an answer in the model's {block}; shorten it")
+
+
+def write_config(cfg: RLConfig) -> None:
+    """The run folder and its rl_config.json: the first writes, after every check."""
+    try:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        remove_stale_temporaries(cfg.out_dir)
+        with atomic_write(os.path.join(cfg.out_dir, RL_CONFIG), "w", encoding="utf-8") as fh:
+            json.dump(dataclasses.asdict(cfg), fh, indent=2)
+            fh.write("\n")
+    except OSError as e:
+        raise UserError(f"--out_dir={cfg.out_dir}: cannot write there ({e.strerror}); choose another folder") from None
+
+
+def save(cfg: RLConfig, start: Start, step: int) -> None:
+    """ckpt.pt: the chat checkpoint's keys, the weights after `step` steps, the optimizer, and the RL state."""
+    state = {
+        **start.base,
+        "model": start.model.state_dict(),
+        "optimizer": start.optimizer.state_dict(),
+        "rl": {"step": step, "config": dataclasses.asdict(cfg)},
+        "format_version": FORMAT_VERSION,
+    }
+    save_checkpoint(os.path.join(cfg.out_dir, CKPT), state)
