@@ -254,8 +254,9 @@ def test_page_marks_skipped_steps_and_counts_them_in_the_run_list(tmp_path, dash
 NO_SAMPLES = "no samples (enable with --sample_interval)"
 
 
-def metrics_run(folder: Path, samples: list[tuple[int, list[str]]] = ()) -> Path:
-    """A run folder written by metrics.Metrics as train writes one: 10 train lines, an eval, and `samples`."""
+def metrics_run(folder: Path, samples: list[tuple[int, list[str]]] = (), chat: dict[int, dict] | None = None) -> Path:
+    """A run folder written by metrics.Metrics as train writes one: 10 train lines, an eval, `samples`, and
+    `chat` ({step: values}: an SFT run's held-out evaluations)."""
     from gptforge.train.metrics import Metrics
 
     folder.mkdir(parents=True)
@@ -263,6 +264,8 @@ def metrics_run(folder: Path, samples: list[tuple[int, list[str]]] = ()) -> Path
     for step in range(10):
         m.log(step, "train", loss=3.0 - 0.1 * step, lr=1e-3, ms_per_iter=30.0, tokens_per_s=24000.0)
     m.log(10, "eval", train_loss=2.0, val_loss=2.1)
+    for step, values in (chat or {}).items():
+        m.log(step, "chat", **values)
     for step, texts in samples:
         m.log_samples(step, "All:", texts)
     m.close()

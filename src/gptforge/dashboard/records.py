@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ MAX_LINE = 1 << 20  # bytes; a longer metrics line is skipped (a metrics line is
 MAX_READ = 4 << 20  # bytes of metrics.jsonl read per request; the client asks again for the rest
 MAX_SMALL_FILE = 1 << 20  # config.json larger than this is not read
 SAMPLES_TAIL = 1 << 20  # bytes read from the end of samples.jsonl
+MARK_BYTES = 64  # the bytes before a read's offset that its mark sums up
 
 
 def clean(value: Any) -> Any:
@@ -49,6 +51,18 @@ def file_id(st: os.stat_result) -> str:
     return f"{st.st_dev:x}-{st.st_ino:x}"
 
 
+def tail_mark(fh, offset: int) -> str:
+    """A checksum of the MARK_BYTES bytes before `offset` of an open binary file ("" at 0). A resume rewrites
+    metrics.jsonl through renames, and the file system may give the new file the old one's inode number (two
+    rewrites between polls: the resumed run replaces its step's record): the mark tells the old content from the
+    new where the file id cannot."""
+    if offset <= 0:
+        return ""
+    start = max(0, offset - MARK_BYTES)
+    fh.seek(start)
+    return f"{zlib.crc32(fh.read(offset - start)):08x}"
+
+
 @dataclass
 class Chunk:
     """The records read from metrics.jsonl between `start` and `offset` (bytes)."""
@@ -59,6 +73,7 @@ class Chunk:
     size: int  # bytes in the file now
     skipped: int = 0  # malformed or oversized lines passed over
     reset: bool = False  # the client's offset or file id did not match this file: read from 0
+    mark: str = ""  # tail_mark at `offset`: sent back with it, a file rewritten under the same id reads from 0
 
     @property
     def more(self) -> bool:
@@ -97,26 +112,35 @@ def read_lines(fh, offset: int, limit: int = MAX_READ) -> tuple[list[bytes], int
     return lines, offset, oversized
 
 
-def open_at(path: str, offset: int, file: str | None):
-    """(binary file, its stat, start offset, reset): reset when `file` names another file or offset is past its end.
+def open_at(path: str, offset: int, file: str | None, mark: str | None = None):
+    """(binary file, its stat, start offset, reset): reset when `file` names another file, offset is past its end,
+    or `mark` is not the tail_mark of the bytes before offset (the file was rewritten under the same id).
 
     Raises OSError (FileNotFoundError when the run was deleted).
     """
     fh = open(path, "rb")
-    st = os.fstat(fh.fileno())
-    reset = offset < 0 or offset > st.st_size or (file is not None and file != file_id(st))
+    try:
+        st = os.fstat(fh.fileno())
+        reset = offset < 0 or offset > st.st_size or (file is not None and file != file_id(st))
+        reset = reset or (mark is not None and mark != tail_mark(fh, offset))
+    except OSError:
+        fh.close()
+        raise
     return fh, st, 0 if reset else offset, reset
 
 
-def read_records(path: str, offset: int = 0, file: str | None = None, limit: int = MAX_READ) -> Chunk:
+def read_records(
+    path: str, offset: int = 0, file: str | None = None, limit: int = MAX_READ, mark: str | None = None
+) -> Chunk:
     """The records of a metrics.jsonl from byte `offset` (see read_lines); malformed lines are counted, not kept.
 
-    `file` is the file id of the previous read: a different file (a new run renamed in) restarts from 0.
-    Raises OSError (FileNotFoundError when the run was deleted).
+    `file` and `mark` are the file id and mark of the previous read: a different file (a new run renamed in), or
+    other bytes before `offset`, restarts from 0. Raises OSError (FileNotFoundError when the run was deleted).
     """
-    fh, st, offset, reset = open_at(path, offset, file)
+    fh, st, offset, reset = open_at(path, offset, file, mark)
     with fh:
         lines, offset, skipped = read_lines(fh, offset, limit)
+        end_mark = tail_mark(fh, offset)
     records = []
     for line in lines:
         record = parse_line(line)
@@ -124,7 +148,7 @@ def read_records(path: str, offset: int = 0, file: str | None = None, limit: int
             skipped += 1
         else:
             records.append(record)
-    return Chunk(records, offset, file_id(st), st.st_size, skipped, reset)
+    return Chunk(records, offset, file_id(st), st.st_size, skipped, reset, end_mark)
 
 
 def read_json(path: str) -> Any:

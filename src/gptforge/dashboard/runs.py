@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gptforge.core.files import CKPT, CONFIG, METRICS, SAMPLES
-from gptforge.dashboard.records import file_id, open_at, parse_line, read_json, read_lines
+from gptforge.dashboard.records import file_id, open_at, parse_line, read_json, read_lines, tail_mark
 
 MAX_DEPTH = 3  # a run folder, a folder of runs, a sweep of folders of runs, one more level
 MAX_SCAN_ENTRIES = 20_000  # per root and scan, so a dashboard started in $HOME does not crawl the disk
 SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "wandb"}
 RUNNING_WINDOW_S = 60.0
+RL_CONFIG = "rl_config.json"  # `gptforge rl`'s settings (rl/start.py, which imports torch: named again here)
 
 
 @dataclass
@@ -28,10 +29,15 @@ class Summary:
 
     offset: int = 0
     file: str | None = None
+    mark: str | None = None  # records.tail_mark at offset: a file rewritten under the same id is read again
     first_time: float | None = None
     last: dict[str, Any] | None = None  # the last record of any kind
     last_train: dict[str, Any] | None = None
     last_eval: dict[str, Any] | None = None
+    last_rl: dict[str, Any] | None = None  # `gptforge rl`'s step records
+    last_rl_eval: dict[str, Any] | None = None  # its held-out evaluations
+    last_chat: dict[str, Any] | None = None  # SFT's held-out evaluations
+    last_timed: dict[str, Any] | None = None  # the last train or rl record: the one whose eta_s holds
     best_val: float | None = None
     ended: bool = False
     skipped: int = 0  # skip records: steps whose loss or gradient norm was not finite
@@ -62,8 +68,16 @@ class Summary:
                 self.gaps = (self.gaps + [t - prev])[-20:]
         self.last = record
         kind = record["kind"]
+        if kind in ("train", "rl"):
+            self.last_timed = record
         if kind == "train":
             self.last_train = record
+        elif kind == "rl":
+            self.last_rl = record
+        elif kind == "rl_eval":
+            self.last_rl_eval = record
+        elif kind == "chat":
+            self.last_chat = record
         elif kind == "eval":
             self.last_eval = record
             val = record.get("val_loss")
@@ -85,15 +99,22 @@ class Run:
         self.lock = threading.Lock()
 
     def file(self, name: str) -> str:
-        assert name in (METRICS, CONFIG, SAMPLES, CKPT), name  # the only files the dashboard reads
+        assert name in (METRICS, CONFIG, RL_CONFIG, SAMPLES, CKPT), name  # the only files the dashboard reads
         return os.path.join(self.path, name)
 
     def exists(self) -> bool:
         return os.path.isfile(self.file(METRICS))
 
     def config(self) -> dict[str, Any] | None:
-        cfg = read_json(self.file(CONFIG))
-        return cfg if isinstance(cfg, dict) else None
+        """config.json (train's), or rl_config.json for a `gptforge rl` run folder (first when the run logs RL
+        steps: a folder holding both was RL'd into)."""
+        rl = self.summary.last_rl is not None or self.summary.last_rl_eval is not None
+        names = (RL_CONFIG, CONFIG) if rl else (CONFIG, RL_CONFIG)
+        for name in names:
+            cfg = read_json(self.file(name))
+            if isinstance(cfg, dict):
+                return cfg
+        return None
 
     def has_samples(self) -> bool:
         """samples.jsonl holds something. train writes it with the first samples, but earlier versions created it
@@ -108,7 +129,7 @@ class Run:
         with self.lock:
             s = self.summary
             try:
-                fh, st, offset, reset = open_at(self.file(METRICS), s.offset, s.file)
+                fh, st, offset, reset = open_at(self.file(METRICS), s.offset, s.file, s.mark)
                 with fh:
                     if reset:
                         s = self.summary = Summary()
@@ -119,6 +140,7 @@ class Run:
                         if s.offset == offset or s.offset >= st.st_size:
                             break
                         offset = s.offset
+                    s.mark = tail_mark(fh, s.offset)
                 return os.stat(self.file(METRICS))
             except OSError:
                 return None
@@ -151,16 +173,8 @@ class Run:
         st = self.refresh()
         cfg = self.config() if st is not None else None
         s = self.summary
-        max_iters = cfg.get("max_iters") if cfg else None
+        max_iters = cfg.get("max_iters", cfg.get("max_steps")) if cfg else None  # max_steps: rl_config.json's
         state = self.state(st, cfg, now)
-        eta = s.last_train.get("eta_s") if s.last_train else None
-        if state == "finished":
-            eta = 0.0
-        elif isinstance(eta, (int, float)) and s.last_train and isinstance(s.last_train.get("time"), (int, float)):
-            if state == "running":  # eta_s was written with the line: count down from then
-                eta = max(0.0, eta - max(0.0, now - s.last_train["time"]))
-            else:
-                eta = None
         keys = ("dataset", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "learning_rate", "device")
         return {
             "id": self.id,
@@ -169,7 +183,7 @@ class Run:
             "state": state,
             "step": s.last["step"] if s.last else None,
             "max_iters": max_iters if isinstance(max_iters, (int, float)) else None,
-            "eta_s": eta,
+            "eta_s": self.eta(state, now),
             "loss": s.last_train.get("loss") if s.last_train else None,
             "val_loss": s.last_eval.get("val_loss") if s.last_eval else None,
             "best_val_loss": s.best_val,
@@ -177,6 +191,11 @@ class Run:
             "last_skip": {k: s.last_skip.get(k) for k in ("step", "loss", "grad_norm", "in_a_row", "max_bad_steps")}
             if s.last_skip
             else None,
+            "rl": s.last_rl is not None or s.last_rl_eval is not None,  # a `gptforge rl` run
+            "reward": s.last_rl.get("reward") if s.last_rl else None,
+            "pass_at_1": s.last_rl.get("pass_at_1") if s.last_rl else None,  # of the step's sampled answers
+            "held_out_pass_at_1": s.last_rl_eval.get("pass_at_1") if s.last_rl_eval else None,
+            "chat_acc": s.last_chat.get("acc") if s.last_chat else None,  # SFT's held-out exact match
             "started": s.first_time,
             "updated": st.st_mtime if st is not None else None,
             "size": st.st_size if st is not None else None,
@@ -184,6 +203,18 @@ class Run:
             "has_samples": self.has_samples(),
             "config": {k: cfg[k] for k in keys if k in cfg} if cfg else {},
         }
+
+    def eta(self, state: str, now: float) -> float | None:
+        """Seconds left while running: the eta_s of the last train (or rl) line, counted down since it was
+        written; 0 when finished."""
+        if state == "finished":
+            return 0.0
+        last = self.summary.last_timed
+        eta = last.get("eta_s") if last else None
+        if state != "running" or not isinstance(eta, (int, float)):
+            return None
+        t = last.get("time")
+        return max(0.0, eta - max(0.0, now - t)) if isinstance(t, (int, float)) else eta
 
 
 def slug(name: str) -> str:

@@ -31,6 +31,7 @@ STATIC = {  # URL path -> (file name in static/, content type)
     "/": ("index.html", "text/html; charset=utf-8"),
     "/index.html": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/rl.js": ("rl.js", "text/javascript; charset=utf-8"),
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
 }
 PLOTLY_URL = "/static/plotly.min.js"
@@ -163,8 +164,9 @@ class DashboardHandler(BaseHTTPRequestHandler):
         if what == "metrics":
             offset = _int(query.get("offset", ["0"])[0], 0)
             file = query.get("file", [None])[0] or None
+            mark = query.get("mark", [None])[0]  # absent (a page from before marks, or offset 0): not checked
             try:
-                chunk = read_records(run.file(METRICS), offset, file)
+                chunk = read_records(run.file(METRICS), offset, file, mark=mark)
             except OSError:
                 return self.send_json({"error": "missing", "state": "missing"}, HTTPStatus.NOT_FOUND)
             return self.send_json(
@@ -172,6 +174,7 @@ class DashboardHandler(BaseHTTPRequestHandler):
                     "records": chunk.records,
                     "offset": chunk.offset,
                     "file": chunk.file,
+                    "mark": chunk.mark,
                     "size": chunk.size,
                     "more": chunk.more,
                     "skipped": chunk.skipped,

@@ -77,10 +77,11 @@ function emptyData() {
   const train = { step: [] };
   for (const k of TRAIN_KEYS) train[k] = [];
   return {
-    offset: 0, file: "", missing: false, ended: false,
+    offset: 0, file: "", mark: "", missing: false, ended: false,
     train, eval: { step: [], val_loss: [], train_loss: [], val_bpb: [], train_bpb: [] },
     hellaswag: { step: [], acc: [], acc_norm: [] }, sample: [],
     skip: { step: [], loss: [], grad_norm: [], in_a_row: [] },  // steps skipped: loss or grad norm not finite
+    extra: emptyExtra(),  // rl, rl_eval and chat records (rl.js)
   };
 }
 
@@ -111,6 +112,8 @@ function addRecords(d, records) {
       if (d.sample.length > 50) d.sample.shift();
     } else if (r.kind === "end") {
       d.ended = true;
+    } else {
+      addExtraRecord(d, r);
     }
   }
 }
@@ -137,7 +140,8 @@ async function readMetrics(id) {
   for (let i = 0; i < 100; i++) {  // a long file arrives in 4 MB pieces
     let r;
     try {
-      r = await getJSON(`${api(id, "metrics")}?offset=${d.offset}&file=${encodeURIComponent(d.file)}`);
+      const at = `offset=${d.offset}&file=${encodeURIComponent(d.file)}&mark=${encodeURIComponent(d.mark)}`;
+      r = await getJSON(`${api(id, "metrics")}?${at}`);
     } catch (e) {
       if (e.status === 404) { if (!d.missing) { d.missing = true; S.dirty = true; } return; }
       throw e;
@@ -152,6 +156,7 @@ async function readMetrics(id) {
     if (r.records.length) { addRecords(d, r.records); S.dirty = true; }
     d.offset = r.offset;
     d.file = r.file;
+    d.mark = r.mark || "";
     if (!r.more) return;
   }
 }
@@ -380,7 +385,7 @@ function draw(divId, traces, layoutExtra) {
       else if (ev["xaxis.autorange"]) upd["xaxis.autorange"] = true;
       else return;
       syncing = true;
-      const others = CHARTS.filter((id) => id !== divId && $(id).data);
+      const others = [...CHARTS, ...EXTRA_CHARTS].filter((id) => id !== divId && $(id).data);
       Promise.all(others.map((id) => Plotly.relayout($(id), upd))).finally(() => { syncing = false; });
     });
   }
@@ -418,6 +423,9 @@ function renderCharts() {
     if (d.skip.step.length) skips.push(skipTrace(run, d.skip));
     lr.push(line(run, t.step, t.lr, { hovertemplate: `${run.name}<br>step %{x}: %{y:.3e}<extra></extra>` }));
     grad.push(line(run, t.step, smooth(t.grad_norm, S.smoothing)));
+    const rl = rlTrainTraces(run, d);
+    lr.push(...rl.lr);
+    grad.push(...rl.grad);
     tps.push(...smoothed(run, t.step, t.tokens_per_s, run.name, "%{y:,.0f} tok/s"));
     mfu.push(...smoothed(run, t.step, t.mfu.map((v) => (v === null ? null : v * 100)), run.name, "%{y:.2f}%"));
     if (d.hellaswag.step.length) {
@@ -429,6 +437,13 @@ function renderCharts() {
         hovertemplate: `${run.name} acc<br>step %{x}: %{y:.4f}<extra></extra>` }));
     }
   }
+  renderExtraCharts(runs);
+  // runs of `gptforge rl` alone: no loss, tokens/s or MFU to draw (their panels come back with a train run)
+  const rlOnly = runs.length > 0 && runs.every((run) => {
+    const d = S.data.get(run.id);
+    return hasRl(d) && !d.train.step.length && !d.eval.step.length && !d.skip.step.length;
+  });
+  for (const id of ["chart-loss", "chart-tps", "chart-mfu"]) $(id).closest(".panel").hidden = rlOnly;
   const logType = S.log ? "log" : "linear";
   const legend = { showlegend: multi, legend: { orientation: "h", y: -0.18 } };
   $("loss-title").textContent = S.bpb ? "Bits per byte" : "Loss";
@@ -436,12 +451,16 @@ function renderCharts() {
     ? "each evaluation's train (solid) and val (dashed, dots): the loss in bits over the bytes of text, across tokenizers"
     : "train (solid) and val (dashed, dots) against step";
   const lossAxis = { title: { text: S.bpb ? "bits per byte" : "loss" }, type: logType, uirevision: `${logType} ${S.bpb}` };
-  draw("chart-loss", loss.concat(skips), Object.assign({ yaxis: lossAxis, yaxis2: skipAxis() }, multi ? legend : {},
-    multi ? { margin: { l: 60, r: 16, t: 8, b: 70 } } : {}));
+  if (!rlOnly) {
+    draw("chart-loss", loss.concat(skips), Object.assign({ yaxis: lossAxis, yaxis2: skipAxis() }, multi ? legend : {},
+      multi ? { margin: { l: 60, r: 16, t: 8, b: 70 } } : {}));
+  }
   draw("chart-lr", lr, { yaxis: { exponentformat: "e", tickformat: ".1e" } });
   draw("chart-grad", grad.concat(skips), { yaxis: { type: logType, uirevision: `${logType}` }, yaxis2: skipAxis() });
-  draw("chart-tps", tps, { yaxis: { tickformat: ",.0f" } });
-  draw("chart-mfu", mfu, { yaxis: { ticksuffix: "%" } });
+  if (!rlOnly) {
+    draw("chart-tps", tps, { yaxis: { tickformat: ",.0f" } });
+    draw("chart-mfu", mfu, { yaxis: { ticksuffix: "%" } });
+  }
   $("panel-hellaswag").hidden = hs.length === 0;
   if (hs.length) draw("chart-hellaswag", hs, { yaxis: { title: { text: "accuracy" } } });
 }
@@ -469,6 +488,7 @@ function renderRunList() {
     if (run.step !== null) sub.push(el("span", {}, run.max_iters ? `${run.step}/${run.max_iters}` : `step ${run.step}`));
     if (run.state === "running" && run.eta_s !== null) sub.push(el("span", {}, `eta ${fmtDuration(run.eta_s)}`));
     if (run.best_val_loss !== null) sub.push(el("span", {}, `val ${fmtNum(run.best_val_loss, 3)}`));
+    sub.push(...extraSub(run));
     const li = el("li", { class: `run${selected ? " selected" : ""}`, style: `--swatch:${colour(run)}`,
       "data-id": run.id, title: run.name },
       box,
@@ -526,7 +546,7 @@ function renderCards() {
     if (run.state === "running" && run.eta_s !== null) right += ` · eta ${fmtDuration(run.eta_s)}`;
     const titleTip = {
       running: "a line was written recently",
-      finished: "the last evaluation reached max_iters",
+      finished: run.rl ? "the run wrote its end line: max_steps reached" : "the last evaluation reached max_iters",
       stopped: "interrupted: a checkpoint was saved after the last line (--init_from=resume continues it)",
       crashed: "no new line for a while and no checkpoint after the last one",
       missing: "metrics.jsonl is gone: the folder was deleted or moved",
@@ -535,19 +555,21 @@ function renderCards() {
       ? `training stopped: ${run.last_skip.in_a_row} steps in a row had a loss or grad norm that was not finite ` +
         "(--max_bad_steps); the last good checkpoint is intact" : titleTip;
     const tps = last(d.train.tokens_per_s), mfu = last(d.train.mfu);
+    const updated = stat("updated", run.updated ? fmtAgo(run.updated, now) : "–");
+    const stats = rlStats(run, d, updated) || [
+      stat("loss", fmtNum(run.loss, 4)),
+      S.bpb ? stat("val bpb", fmtNum(last(d.eval.val_bpb), 4)) : stat("val loss", fmtNum(run.val_loss, 4)),
+      S.bpb ? stat("best val bpb", fmtNum(lowest(d.eval.val_bpb), 4)) : stat("best val", fmtNum(run.best_val_loss, 4)),
+      stat("tokens/s", tps === null ? "–" : Math.round(tps).toLocaleString()),
+      stat("mfu", mfu === null ? "–" : `${(mfu * 100).toFixed(1)}%`),
+      chatStat(run, d), updated];
     cards.append(el("div", { class: "card", style: `--swatch:${colour(run)}`, "data-id": run.id },
       el("div", { class: "title" }, el("strong", { title: run.name }, run.name),
         el("span", { class: "badges" }, skipBadge(run),
           el("span", { class: `badge ${run.state}`, title: tip }, run.state))),
       p === null ? null : el("div", { class: "bar" }, el("div", { style: `width:${(p * 100).toFixed(1)}%` })),
       el("div", { class: "progress-text" }, el("span", {}, left), el("span", {}, right)),
-      el("div", { class: "stats" },
-        stat("loss", fmtNum(run.loss, 4)),
-        S.bpb ? stat("val bpb", fmtNum(last(d.eval.val_bpb), 4)) : stat("val loss", fmtNum(run.val_loss, 4)),
-        S.bpb ? stat("best val bpb", fmtNum(lowest(d.eval.val_bpb), 4)) : stat("best val", fmtNum(run.best_val_loss, 4)),
-        stat("tokens/s", tps === null ? "–" : Math.round(tps).toLocaleString()),
-        stat("mfu", mfu === null ? "–" : `${(mfu * 100).toFixed(1)}%`),
-        stat("updated", run.updated ? fmtAgo(run.updated, now) : "–"))));
+      el("div", { class: "stats" }, ...stats)));
   }
 }
 
@@ -568,7 +590,8 @@ function renderDetails() {
     // loading only until the first answer: a file without a readable sample is no samples
     const every = run && S.configs.get(run.id)?.config?.sample_interval;  // on, but not reached yet
     box.replaceChildren(el("p", { class: "muted" }, !run ? "" : run.has_samples && !got ? "Loading samples…"
-      : every > 0 ? `no samples yet (every ${every} steps)` : "no samples (enable with --sample_interval)"));
+      : every > 0 ? `no samples yet (every ${every} steps)` : run.rl ? "no samples (gptforge rl writes none)"
+      : "no samples (enable with --sample_interval)"));
   } else {
     const items = [];
     for (const s of [...list].reverse()) {
