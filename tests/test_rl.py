@@ -11,7 +11,7 @@ import torch
 from chat_tools import tiny_model
 from gptforge.core.config_file import load_settings
 from gptforge.core.errors import UserError
-from gptforge.rl.objective import STD_EPS, answer_logprobs, group_advantages, policy_loss, stack_answers
+from gptforge.rl.objective import STD_EPS, answer_logprobs, group_advantages, groups_logprobs, policy_loss
 from gptforge.rl.options import RLConfig
 from gptforge.rl.rollout import Group, sample_group, sample_groups
 
@@ -176,20 +176,32 @@ def test_groups_stepped_together_sample_what_each_group_alone_samples():
         assert torch.equal(got.ended, alone.ended)
 
 
-def test_answers_of_several_prompts_in_one_batch_score_as_each_group_alone():
-    """stack_answers pads rows of prompts of different lengths into one batch; each row's answer log-probabilities
-    (and so the update's gradient) are those of its group run alone (float64)."""
-    model = tiny_model(vocab_size=16, block_size=48, seed=5, rotary=True).double()
-    groups = [
-        sample_groups(model, [p], 3, 10, 15, [torch.Generator().manual_seed(s)])[0]
-        for p, s in (([1, 2, 3], 1), ([4, 5, 6, 7, 8, 9, 10], 2), ([11], 3))
-    ]
-    picks = [(i, r) for i in range(3) for r in range(3)]
-    sequences, starts, weights = stack_answers(groups, picks, pad=15)
-    together = answer_logprobs(model, sequences, starts, weights.size(1))
-    for b, (i, r) in enumerate(picks):
-        g = groups[i]
-        alone = answer_logprobs(model, g.sequences[r : r + 1], len(g.prompt), g.tokens.size(1))[0]
-        n = int(g.weights[r].sum())
-        assert torch.allclose(together[b, :n], alone[:n], rtol=1e-12, atol=1e-12)
-        assert weights[b].tolist() == g.weights[r].tolist() + [0.0] * (weights.size(1) - g.weights.size(1))
+@pytest.mark.parametrize("switches", [{"rotary": True}, {}], ids=["rotary", "learned positions"])
+def test_groups_scored_together_with_each_prompt_run_once_equal_the_whole_sequences(switches):
+    """groups_logprobs (prompts of different lengths as one batch, each run once, its keys and values shared by
+    its group's answers) gives answer_logprobs' values on every answer token and the same gradient (float64), the
+    prompts' tokens included through the answers' attention."""
+    model = tiny_model(vocab_size=16, block_size=48, seed=5, **switches).double()
+    prompts = [[4, 5, 6, 7, 8, 9, 10], [1, 2], [3, 3, 3, 3]]
+    groups = sample_groups(model, prompts, 4, 10, 15, [torch.Generator().manual_seed(s) for s in (2, 3, 4)])
+    full = _scored(
+        model, groups, lambda: [answer_logprobs(model, g.sequences, len(g.prompt), g.tokens.size(1)) for g in groups]
+    )
+    shared = _scored(model, groups, lambda: groups_logprobs(model, prompts, [g.tokens for g in groups]))
+    for x, y, g in zip(full[0], shared[0], groups, strict=True):
+        assert torch.allclose(x * g.weights, y * g.weights, rtol=1e-10, atol=1e-12)
+    for name, grad in full[1].items():
+        assert torch.allclose(grad, shared[1][name], rtol=1e-6, atol=1e-8), name
+
+
+def _scored(model, groups, score):
+    """(the answers' log-probabilities, the gradient of their policy loss) with `score` computing them."""
+    model.zero_grad(set_to_none=True)
+    logps = score()
+    advantages = torch.tensor([0.5, -0.5, 1.0, -1.0], dtype=torch.float64)
+    total = float(sum(g.weights.sum() for g in groups))
+    loss = sum(
+        policy_loss(lp, lp.detach(), advantages, g.weights, total, 0.2)[0] for lp, g in zip(logps, groups, strict=True)
+    )
+    loss.backward()
+    return [lp.detach() for lp in logps], {n: p.grad.clone() for n, p in model.named_parameters()}

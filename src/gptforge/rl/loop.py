@@ -18,7 +18,7 @@ import torch.distributed as dist
 from gptforge.core.device import autocast_context, inference_dtype
 from gptforge.core.distributed import DistEnv, StopFlag, setup_distributed, teardown
 from gptforge.rl.evaluate import evaluate
-from gptforge.rl.objective import answer_logprobs, group_advantages, policy_loss, stack_answers
+from gptforge.rl.objective import group_advantages, groups_logprobs, policy_loss
 from gptforge.rl.options import RLConfig
 from gptforge.rl.rewards import score
 from gptforge.rl.rollout import Group, sample_groups
@@ -100,7 +100,7 @@ def rl_step(cfg: RLConfig, start: Start, ctx, env: DistEnv, step: int) -> dict[s
     advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards == "group")
     lr = learning_rate(cfg, step)
     for group in start.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's matrices: muon_lr's share of the schedule
     tokens = torch.tensor([sum(float(g.weights.sum()) for g in batch.groups)], dtype=torch.float64)
     sums = reduce_sum(torch.cat([tokens, rewards.sum().double().view(1)]), env)
     loss, kl, norm = update(cfg, start, ctx, env, batch, advantages, float(sums[0]))
@@ -142,27 +142,27 @@ def sample_batch(cfg: RLConfig, start: Start, ctx, env: DistEnv, step: int) -> B
 
 
 def update(cfg: RLConfig, start: Start, ctx, env: DistEnv, batch: Batch, advantages, total: float):
-    """num_iterations optimizer steps on the batch, micro_batch_rows answers (of any groups) a forward and backward
-    pass; returns (the first pass's loss, its KL sum, its grad norm)."""
-    G, rows = cfg.num_generations, cfg.micro_batch_rows or cfg.num_generations
-    every = [(i, r) for i in range(len(batch.groups)) for r in range(G)]
-    chunks = [every[n : n + rows] for n in range(0, len(every), rows)]
-    parts = [stack_answers(batch.groups, picks, start.end) for picks in chunks]
-    gains = [advantages[[i * G + r for i, r in picks]] for picks in chunks]
-    old = [_logprobs(start.model, part, ctx, no_grad=True) for part in parts] if cfg.num_iterations > 1 else None
-    ref = [_logprobs(start.reference, part, ctx, no_grad=True) for part in parts] if start.reference else None
+    """num_iterations optimizer steps on the batch, whole groups (up to micro_batch_rows answers) a forward and
+    backward pass, each prompt run once; returns (the first pass's loss, its KL sum, its grad norm)."""
+    G, groups = cfg.num_generations, batch.groups
+    per = max(1, cfg.micro_batch_rows // G) if cfg.micro_batch_rows else len(groups)
+    chunks = [list(range(n, min(n + per, len(groups)))) for n in range(0, len(groups), per)]
+    old = [_logprobs(start.model, groups, c, ctx, no_grad=True) for c in chunks] if cfg.num_iterations > 1 else None
+    ref = [_logprobs(start.reference, groups, c, ctx, no_grad=True) for c in chunks] if start.reference else None
     first = None
     for _ in range(cfg.num_iterations):
         start.optimizer.zero_grad(set_to_none=True)
         loss_sum, kl_sum = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
-        for n, part in enumerate(parts):
-            logp = _logprobs(start.model, part, ctx)
-            loss, kl = policy_loss(
-                logp, old[n] if old else logp.detach(), gains[n], part[2], total, cfg.epsilon,
-                ref[n] if ref else None, cfg.beta,
-            )  # fmt: skip
+        for n, chunk in enumerate(chunks):
+            loss = torch.zeros((), device=groups[0].tokens.device)
+            for m, (i, logp) in enumerate(zip(chunk, _logprobs(start.model, groups, chunk, ctx), strict=True)):
+                part, kl = policy_loss(
+                    logp, old[n][m] if old else logp.detach(), advantages[i * G : (i + 1) * G], groups[i].weights,
+                    total, cfg.epsilon, ref[n][m] if ref else None, cfg.beta,
+                )  # fmt: skip
+                loss, kl_sum = loss + part, kl_sum + kl.double().cpu()
             loss.backward()
-            loss_sum, kl_sum = loss_sum + loss.detach().double().cpu(), kl_sum + kl.double().cpu()
+            loss_sum = loss_sum + loss.detach().double().cpu()
         norm = sync_and_clip(start.model, cfg.grad_clip, env)
         start.optimizer.step()
         if first is None:
@@ -172,10 +172,9 @@ def update(cfg: RLConfig, start: Start, ctx, env: DistEnv, batch: Batch, advanta
     return first
 
 
-def _logprobs(model, part: tuple[torch.Tensor, ...], ctx, no_grad: bool = False) -> torch.Tensor:
-    sequences, starts, weights = part
+def _logprobs(model, groups: list[Group], chunk: list[int], ctx, no_grad: bool = False) -> list[torch.Tensor]:
     with torch.set_grad_enabled(not no_grad), ctx:
-        return answer_logprobs(model, sequences, starts, weights.size(1))
+        return groups_logprobs(model, [groups[i].prompt for i in chunk], [groups[i].tokens for i in chunk])
 
 
 def sync_and_clip(model, grad_clip: float, env: DistEnv) -> float:

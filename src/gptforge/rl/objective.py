@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from gptforge.model.cache import KVCache
 from gptforge.model.gpt import GPT
 
 STD_EPS = 1e-4  # added to a group's standard deviation (TRL's value): a group of equal rewards divides by it
@@ -36,21 +37,42 @@ def answer_logprobs(model: GPT, sequences: torch.Tensor, starts: torch.Tensor | 
     return torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)
 
 
-def stack_answers(groups: list, picks: list[tuple[int, int]], pad: int) -> tuple[torch.Tensor, ...]:
-    """Rows (group, row) of several groups as one batch: (sequences (B, T) right-padded with `pad`, starts (B,),
-    weights (B, A)), A the longest answer among them."""
-    length = max(groups[i].tokens.size(1) for i, _ in picks)
-    width = max(len(groups[i].prompt) for i, _ in picks) + length
-    device = groups[0].tokens.device
-    sequences = torch.full((len(picks), width), pad, dtype=torch.long, device=device)
-    weights = torch.zeros(len(picks), length, device=device)
-    for b, (i, r) in enumerate(picks):
-        prompt, answer = groups[i].prompt, groups[i].tokens[r]
-        sequences[b, : len(prompt)] = torch.tensor(prompt, device=device)
-        sequences[b, len(prompt) : len(prompt) + answer.size(0)] = answer
-        weights[b, : answer.size(0)] = groups[i].weights[r]
-    starts = torch.tensor([len(groups[i].prompt) for i, _ in picks], device=device)
-    return sequences, starts, weights
+def groups_logprobs(model: GPT, prompts: list[list[int]], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
+    """answer_logprobs of several groups' answers, tokens[i] (G, A_i) answering prompts[i], each prompt run once: the
+    prompts as one right-padded batch whose keys and values (kept in the graph, so the prompts' tokens get the
+    gradient their answers send back) are shared by their groups' rows, which then run only their own answer
+    tokens, each at its own positions and seeing only its own prompt. Returns one (G, A_i) tensor a group."""
+    device, n, G = tokens[0].device, len(prompts), tokens[0].size(0)
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    width, A = int(lengths.max()), max(t.size(1) for t in tokens)
+    batch = torch.zeros(n, width, dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        batch[i, : len(p)] = torch.tensor(p, device=device)
+    cache = KVCache(model.config.n_layer, width)
+    hidden = model.hidden_states(batch, cache=cache)  # (n, width, C): padding after each prompt sees only its past
+    logits = model.logits(hidden[torch.arange(n, device=device), lengths - 1]).float()  # (n, V)
+    logits = logits.repeat_interleave(G, 0).unsqueeze(1)  # (n G, 1, V): what predicts each answer's first token
+    answers = torch.cat([F.pad(t, (0, A - t.size(1)), value=int(t[0, -1])) for t in tokens])  # (n G, A)
+    if A > 1:
+        starts = lengths.repeat_interleave(G)  # (n G,): each row's first answer position
+        rows = KVCache(model.config.n_layer, width + A - 1)
+        rows.k = [
+            torch.cat([k.repeat_interleave(G, 0), k.new_zeros(n * G, k.size(1), A - 1, k.size(3))], 2) for k in cache.k
+        ]
+        rows.v = [
+            torch.cat([v.repeat_interleave(G, 0), v.new_zeros(n * G, v.size(1), A - 1, v.size(3))], 2) for v in cache.v
+        ]
+        rows.position = width  # the answers' keys go after the widest prompt; their positions are their own
+        t = torch.arange(A - 1, device=device)
+        keys = torch.arange(width + A - 1, device=device)
+        own_prompt = keys[None, None, :] < starts[:, None, None]
+        own_past = (keys[None, None, :] >= width) & (keys[None, None, :] - width <= t[None, :, None])
+        mask = (own_prompt | own_past).unsqueeze(1)  # (n G, 1, A - 1, keys)
+        positions = starts[:, None] + t  # (n G, A - 1)
+        rest = model.hidden_states(answers[:, :-1], cache=rows, positions=positions, mask=mask)
+        logits = torch.cat([logits, model.logits(rest).float()], dim=1)  # (n G, A, V)
+    logp = torch.gather(F.log_softmax(logits, dim=-1), 2, answers.unsqueeze(2)).squeeze(2)
+    return [logp[i * G : (i + 1) * G, : t.size(1)] for i, t in enumerate(tokens)]
 
 
 def policy_loss(

@@ -37,7 +37,7 @@ class RLConfig:
     init_from: str = setting(
         REQUIRED, "the chat model to improve: a chat run's folder (its ckpt.pt, from --task=sft)", section="I/O"
     )
-    out_dir: str = setting("out-chat-rl", "run folder: ckpt.pt (a chat model), config.json, metrics.jsonl")
+    out_dir: str = setting("out-chat-rl", "run folder: ckpt.pt (a chat model), rl_config.json, metrics.jsonl")
     kinds: str = setting("count,spell,system", "synthetic task kinds drawn as prompts (their training split)", _kinds)
     prompts: str = setting(
         "", "a JSONL file of your own prompts, {'messages': [...], 'answer': ...} a line; replaces --kinds"
@@ -62,7 +62,12 @@ class RLConfig:
         "GRPO's) or not ('none', Dr. GRPO's and nanochat's)",
         choices=("none", "group"),
     )
-    learning_rate: float = setting(1e-4, "AdamW's peak learning rate", section="learning")
+    optimizer: str = setting(
+        "adamw", "'adamw', or 'muon': the blocks' matrices by Muon at muon_lr, the rest by AdamW",
+        choices=("adamw", "muon"), section="learning",
+    )  # fmt: skip
+    learning_rate: float = setting(1e-4, "AdamW's peak learning rate")
+    muon_lr: float = setting(1e-3, "optimizer='muon': the Muon matrices' peak learning rate", not_negative)
     warmup_steps: int = setting(0, "steps of linear learning-rate warm-up", not_negative)
     lr_schedule: str = setting(
         "linear", "after warm-up: constant, or linear down to 0 at max_steps", choices=("constant", "linear")
@@ -77,8 +82,9 @@ class RLConfig:
         1, "optimizer steps per sampled batch (more than 1: the clipped ratio applies)", positive
     )
     micro_batch_rows: int = setting(
-        64, "answers (of any prompts) per forward and backward pass of the update; 0 = one group", not_negative
-    )
+        0, "answers per forward and backward pass of the update, whole groups; 0 = the step's all at once",
+        not_negative,
+    )  # fmt: skip
     eval_interval: int = setting(
         20,
         "steps between evaluations on held-out problems; 0 = never",

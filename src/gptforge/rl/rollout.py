@@ -11,6 +11,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch.nn import functional as F
 
 from gptforge.infer.decode import decode_logits
 from gptforge.infer.engine import Rows, sample_next
@@ -131,19 +132,20 @@ def sample_groups(
 
 
 def _prefill(model: GPT, prompts: list[list[int]], group: int, max_len: int):
-    """Each prompt run once; its keys and values copied into its group's rows of whole caches (rows, nh, max_len,
-    hs) per layer. Returns (the next-token logits of every row (rows, V), the key caches, the value caches)."""
-    device, n_layer = model.transformer.wte.weight.device, model.config.n_layer
-    firsts, ks, vs = [], None, None
-    for i, prompt in enumerate(prompts):
-        cache = KVCache(n_layer, len(prompt))
-        logits, _ = model(torch.tensor([prompt], device=device), cache=cache)
-        firsts.append(logits[:, -1].float().expand(group, -1))
-        if ks is None:
-            nh, hs = cache.k[0].size(1), cache.k[0].size(3)
-            ks = [torch.zeros(len(prompts) * group, nh, max_len, hs, dtype=k.dtype, device=device) for k in cache.k]
-            vs = [torch.zeros(len(prompts) * group, nh, max_len, hs, dtype=v.dtype, device=device) for v in cache.v]
-        for layer in range(n_layer):
-            ks[layer][i * group : (i + 1) * group, :, : len(prompt)] = cache.k[layer]
-            vs[layer][i * group : (i + 1) * group, :, : len(prompt)] = cache.v[layer]
-    return torch.cat(firsts), ks, vs
+    """The prompts run once, as one right-padded batch; each one's keys and values copied into its group's rows of
+    whole caches (rows, nh, max_len, hs) per layer (a row's padding slots are masked, then written over by its
+    answer). Returns (the next-token logits of every row (rows, V), the key caches, the value caches)."""
+    device, n = model.transformer.wte.weight.device, len(prompts)
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    width = int(lengths.max())
+    batch = torch.zeros(n, width, dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        batch[i, : len(p)] = torch.tensor(p, device=device)
+    cache = KVCache(model.config.n_layer, width)
+    hidden = model.hidden_states(batch, cache=cache)  # (n, width, C)
+    logits = model.logits(hidden[torch.arange(n, device=device), lengths - 1]).float()  # (n, V)
+    ks, vs = [], []
+    for k, v in zip(cache.k, cache.v, strict=True):
+        ks.append(F.pad(k.repeat_interleave(group, 0), (0, 0, 0, max_len - width)))
+        vs.append(F.pad(v.repeat_interleave(group, 0), (0, 0, 0, max_len - width)))
+    return logits.repeat_interleave(group, 0), ks, vs

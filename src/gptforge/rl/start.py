@@ -18,12 +18,13 @@ from typing import Any
 import torch
 
 from gptforge.chat.render import chat_special_ids, render_prompt
+from gptforge.core.cpu import half_pays
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.core.files import CKPT, atomic_write, remove_stale_temporaries
 from gptforge.infer.chat_model import ANSWER_END, is_chat_model
 from gptforge.model.gpt import GPT
-from gptforge.model.optim import configure_optimizer
+from gptforge.model.optim import MuonSettings, configure_optimizer
 from gptforge.rl.options import RLConfig
 from gptforge.rl.rewards import PromptSource, Reward, check_answers_given, load_reward, score
 from gptforge.weights.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
@@ -92,9 +93,12 @@ def begin(cfg: RLConfig, env: DistEnv) -> Start:
             f"--init_from={cfg.init_from} is a base model: RL improves a chat model; fine-tune it on conversations "
             "first (gptforge train --task=sft, docs/RECIPES.md)"
         )
-    optimizer = configure_optimizer(
-        model, cfg.weight_decay, cfg.learning_rate, (cfg.adam_beta1, cfg.adam_beta2), env.device_type
-    )
+    muon = None
+    if cfg.optimizer == "muon":  # Newton-Schulz in bf16 where its products are faster (core/cpu.py measures)
+        fast = env.device_type == "cuda" or (env.device_type == "cpu" and half_pays("bfloat16"))
+        muon = MuonSettings(cfg.muon_lr, 0.95, 0, "bfloat16" if fast else "float32")
+    betas = (cfg.adam_beta1, cfg.adam_beta2)
+    optimizer = configure_optimizer(model, cfg.weight_decay, cfg.learning_rate, betas, env.device_type, muon)
     step = 0
     if resumed:
         optimizer.load_state_dict(ckpt["optimizer"])
