@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from gptforge.core.config import TrainConfig, help_text, load_config
+from gptforge.core.config_file import load_settings
 from gptforge.core.errors import UserError
+from gptforge.rl.options import RLConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,6 +92,9 @@ def test_shipped_configs_parse(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "out-chat-pretrain").mkdir()  # the chat recipe's SFT config starts from the pretraining run's folder
     for path in sorted((ROOT / "config").glob("*.py")):
+        if path.name.startswith("chat_rl"):  # gptforge rl's settings, not train's
+            load_settings(RLConfig, [str(path)], "rl")
+            continue
         load_config([str(path)])
     gpt2 = load_config([str(ROOT / "config/train_gpt2.py")])
     assert gpt2.gradient_accumulation_steps == 40 and gpt2.wandb_run_name == "gpt2-124M"

@@ -136,7 +136,7 @@ def test_two_processes_equal_one(inputs, tmp_path):
     "overrides, message",
     [
         ({"init_from": "{root}/base"}, "--init_from={root}/base is a base model: RL improves a chat model"),
-        ({"init_from": "{root}/none"}, "--init_from={root}/none: no ckpt.pt there"),
+        ({"init_from": "{root}/none"}, "--init_from={root}/none: neither a run's ckpt.pt nor a Hugging Face model"),
         ({"reward": "{root}/missing.py:length"}, "--reward={root}/missing.py:length: no such file"),
         ({"reward": "{root}/reward.py:lenght"}, "has no function 'lenght' (it has: always_raises, boom, length, nan)"),
         ({"reward": "{root}/reward.py:always_raises"}, "the reward raised KeyError: 'expected'\n  scoring the answer"),
@@ -169,3 +169,39 @@ def test_bad_inputs_exit_2_naming_the_flag_and_write_nothing(inputs, tmp_path, c
 def test_a_reward_failing_on_an_answer_stops_the_run_with_the_example(inputs, tmp_path, reward, said):
     r = run_cli(*args(inputs, tmp_path / "out", reward=f"{inputs / 'reward.py'}:{reward}"), env=ONE_THREAD)
     assert r.returncode == 2 and said in r.stderr and "scoring the answer" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_hugging_face_chat_folder_is_a_start_and_the_result_is_a_chat_run(inputs, tmp_path):
+    """An exported chat model (gptforge export: config.json, model.safetensors, the chat template) starts an RL run;
+    its checkpoint is a chat model that eval chat reads; an exported base model is refused."""
+    from gptforge.cli.main import main
+    from gptforge.evaluate.chat import eval_chat
+    from gptforge.weights.export import export_run
+
+    export_run(str(inputs / "sft"), None, str(tmp_path / "hf-chat"), "f16", False)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as done:
+        main(args(inputs, out, init_from=tmp_path / "hf-chat", max_steps=1))
+    assert done.value.code == 0 and (out / "ckpt.pt").is_file()
+    result = eval_chat(str(out), None, "resume", "count", 2, 8, 0, "cpu", "float32", "none")
+    assert result["n"] == 2
+    export_run(str(inputs / "base"), None, str(tmp_path / "hf-base"), "f16", False)
+    with pytest.raises(SystemExit) as done:
+        main(args(inputs, tmp_path / "out2", init_from=tmp_path / "hf-base"))
+    assert done.value.code == 2 and not (tmp_path / "out2").exists()
+
+
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_the_same_command_continues(inputs, tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "gptforge", *map(str, args(inputs, out, max_steps=40, ckpt_interval=100))]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, **ONE_THREAD})
+    for line in proc.stdout:
+        if line.startswith("step 2: reward"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=60) == 0 and "stopped at step" in rest and "run the same command to continue" in rest
+    stopped = states(out)["step"]
+    assert 3 <= stopped < 40  # the step in progress finished, then the checkpoint (not due by ckpt_interval)
+    r = run_cli(*args(inputs, out, max_steps=stopped + 1), env=ONE_THREAD)
+    assert r.returncode == 0 and f"resuming the RL run in {out} at step {stopped}" in r.stdout

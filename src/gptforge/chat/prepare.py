@@ -34,6 +34,20 @@ CHAT_RECIPES = ("chitchat", "synthetic")
 MIN_BLOCK_SIZE = 8
 
 
+def _token_meta(tok: Any, special_ids: dict[str, int], vocab_size: int, dtype: Any) -> dict[str, Any]:
+    """The meta keys of a chat dataset's tokens: its format, vocabulary, tokenizer, id dtype and special ids."""
+    return {
+        "format": "chat",
+        "vocab_size": vocab_size,
+        **tok.spec(),
+        "dtype": np.dtype(dtype).name,
+        "eot_token": tok.eot_token,
+        "bos_token": special_ids[BOS],
+        "pad_token": special_ids[BOS],  # padding's mask is 0: it is never trained on
+        "special_ids": special_ids,
+    }
+
+
 def prepare_chat(
     paths: Sequence[str],
     name: str,
@@ -75,14 +89,7 @@ def prepare_chat(
     packed: dict[str, Packed] = {split: rows for split, (rows, _) in done.items()}
     counts: dict[str, dict[str, Any]] = {split: n for split, (_, n) in done.items()}
     meta = {
-        "format": "chat",
-        "vocab_size": vocab_size,
-        **tok.spec(),
-        "dtype": np.dtype(dtype).name,
-        "eot_token": tok.eot_token,
-        "bos_token": special_ids[BOS],
-        "pad_token": special_ids[BOS],  # padding's mask is 0: it is never trained on
-        "special_ids": special_ids,
+        **_token_meta(tok, special_ids, vocab_size, dtype),
         "block_size": block_size,
         "row_tokens": block_size + 1,
         "last_turn_only": last_turn_only,

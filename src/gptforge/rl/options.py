@@ -35,7 +35,10 @@ class RLConfig:
     """Every setting of an RL run: where it starts, what it is rewarded for, how it samples and how it learns."""
 
     init_from: str = setting(
-        REQUIRED, "the chat model to improve: a chat run's folder (its ckpt.pt, from --task=sft)", section="I/O"
+        REQUIRED,
+        "the chat model to improve: a chat run's folder (its ckpt.pt, from --task=sft) or a Hugging Face chat "
+        "model's folder (config.json, model.safetensors, a chat template: gptforge export writes one)",
+        section="I/O",
     )
     out_dir: str = setting("out-chat-rl", "run folder: ckpt.pt (a chat model), rl_config.json, metrics.jsonl")
     kinds: str = setting("count,spell,system", "synthetic task kinds drawn as prompts (their training split)", _kinds)

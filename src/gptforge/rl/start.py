@@ -22,13 +22,14 @@ from gptforge.core.cpu import half_pays
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.core.files import CKPT, atomic_write, remove_stale_temporaries
+from gptforge.core.shape import MODEL_ARGS
 from gptforge.infer.chat_model import ANSWER_END, is_chat_model
 from gptforge.model.gpt import GPT
 from gptforge.model.optim import MuonSettings, configure_optimizer
 from gptforge.rl.options import RLConfig
 from gptforge.rl.rewards import PromptSource, Reward, check_answers_given, load_reward, score
-from gptforge.weights.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
-from gptforge.weights.load import load_checkpoint_model
+from gptforge.weights.checkpoint import FORMAT_VERSION, save_checkpoint
+from gptforge.weights.load import load_checkpoint_model, load_model
 
 RL_CONFIG = "rl_config.json"  # the run's settings, beside its checkpoint (config.json stays the chat run's)
 NOT_SAVED = (
@@ -76,14 +77,8 @@ def begin(cfg: RLConfig, env: DistEnv) -> Start:
     source = PromptSource(cfg.kinds, cfg.prompts, cfg.seed)
     if source.records is not None:
         check_answers_given(reward, source.records, cfg.prompts)
-    own = os.path.join(cfg.out_dir, CKPT)
-    resumed = os.path.isfile(own)
-    path = own if resumed else os.path.join(cfg.init_from, CKPT)
-    if not resumed and not os.path.isfile(path):
-        raise UserError(
-            f"--init_from={cfg.init_from}: no {CKPT} there; give the folder of a chat run (gptforge train --task=sft)"
-        )
-    model, tokenizer, ckpt = load_checkpoint_model(path, env.device)
+    resumed = os.path.isfile(os.path.join(cfg.out_dir, CKPT))
+    model, tokenizer, ckpt = load_start(cfg, env)
     if resumed and "rl" not in ckpt:
         raise UserError(
             f"--out_dir={cfg.out_dir} holds another run's {CKPT} (not an RL run's); choose another --out_dir"
@@ -104,7 +99,7 @@ def begin(cfg: RLConfig, env: DistEnv) -> Start:
         optimizer.load_state_dict(ckpt["optimizer"])
         step = int(ckpt["rl"]["step"])
         env.say(f"resuming the RL run in {cfg.out_dir} at step {step} (of {cfg.max_steps})")
-    reference = _reference(cfg, ckpt, resumed, model)
+    reference = _reference(cfg, env, resumed, model)
     base = {k: v for k, v in ckpt.items() if k not in NOT_SAVED}
     start = Start(model, optimizer, reference, tokenizer, chat_special_ids(tokenizer), step, base, source, reward)
     check_prompts_fit(start, cfg)
@@ -113,13 +108,32 @@ def begin(cfg: RLConfig, env: DistEnv) -> Start:
     return start
 
 
-def _reference(cfg: RLConfig, ckpt: dict[str, Any], resumed: bool, model: GPT) -> GPT | None:
+def load_start(cfg: RLConfig, env: DistEnv) -> tuple[GPT, Any, dict[str, Any]]:
+    """(model, tokenizer, checkpoint) of the run's own last checkpoint, or of --init_from: a chat run's ckpt.pt, or
+    a Hugging Face chat folder (config.json + model.safetensors, a chat_template; its checkpoint made here)."""
+    own = os.path.join(cfg.out_dir, CKPT)
+    if os.path.isfile(own):
+        return load_checkpoint_model(own, env.device)
+    if os.path.isfile(os.path.join(cfg.init_from, CKPT)):
+        return load_checkpoint_model(os.path.join(cfg.init_from, CKPT), env.device)
+    if os.path.isfile(os.path.join(cfg.init_from, "config.json")):
+        model, tokenizer, _ = load_model("", None, cfg.init_from, env.device)
+        chat = is_chat_model(tokenizer, None, cfg.init_from)
+        ckpt = {"model_args": {k: getattr(model.config, k) for k in MODEL_ARGS}, "tokenizer": tokenizer.spec()}
+        return model, tokenizer, {**ckpt, "config": {"task": "sft" if chat else "pretrain"}, "iter_num": 0}
+    raise UserError(
+        f"--init_from={cfg.init_from}: neither a run's {CKPT} nor a Hugging Face model folder there; give a chat "
+        "run's folder (gptforge train --task=sft) or an exported chat model's"
+    )
+
+
+def _reference(cfg: RLConfig, env: DistEnv, resumed: bool, model: GPT) -> GPT | None:
     """The starting model the KL penalty holds the policy near (beta > 0): a frozen copy of --init_from's weights."""
     if cfg.beta <= 0:
         return None
     reference = copy.deepcopy(model)
-    if resumed:
-        reference.load_state_dict(load_checkpoint(os.path.join(cfg.init_from, CKPT))["model"])
+    if resumed:  # the starting weights again, not the resumed run's
+        reference.load_state_dict(load_start(dataclasses.replace(cfg, out_dir=os.devnull), env)[0].state_dict())
     return reference.requires_grad_(False).eval()
 
 
