@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptforge.core.aliases import ALIASES, EPOCH_NAMES, Given, derived_accumulation, resolve_aliases, show
-from gptforge.core.config_file import read_config_file
+from gptforge.core.config_file import FALSE_WORDS, TRUE_WORDS, read_config_file
 from gptforge.core.errors import UserError
 from gptforge.core.files import CONFIG
 from gptforge.core.settings import below_one, check_fields, not_negative, port_number, positive, setting
@@ -265,7 +265,6 @@ class TrainConfig(ModelShape):
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}
-_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 CHOICES = {name: f.metadata["choices"] for name, f in FIELDS.items() if f.metadata["choices"]}  # from the fields
 MUON_ONLY = tuple(name for name, f in FIELDS.items() if f.metadata.get("muon"))  # what only optimizer='muon' reads
 
@@ -288,7 +287,7 @@ def load_config(args: Sequence[str], base: TrainConfig | None = None) -> TrainCo
         if not sep:  # `--key value`, or a bare `--flag` meaning True for booleans
             nxt = args[i] if i < len(args) else None
             boolean = _kind(name) in ("bool", "bool | str")
-            if boolean and (nxt is None or nxt.lower() not in _TRUE | _FALSE | {"auto"}):
+            if boolean and (nxt is None or nxt.lower() not in TRUE_WORDS | FALSE_WORDS | {"auto"}):
                 text = "True"
             elif nxt is None or (nxt.startswith("--") and len(nxt) > 2):
                 raise UserError(f"--{name} needs a value: --{name}=VALUE or --{name} VALUE")
@@ -337,8 +336,8 @@ def coerce(key: str, value: Any, where: str, from_text: bool) -> Any:
             value = text
         if kind == "str" and not isinstance(value, str):
             value = text  # --out_dir=2024 means the folder "2024"
-        if kind in ("bool", "bool | str") and text.strip().lower() in _TRUE | _FALSE:
-            value = text.strip().lower() in _TRUE  # --bias=false, --compile 0 and --compile=True alike
+        if kind in ("bool", "bool | str") and text.strip().lower() in TRUE_WORDS | FALSE_WORDS:
+            value = text.strip().lower() in TRUE_WORDS  # --bias=false, --compile 0 and --compile=True alike
     ok = {
         "str": isinstance(value, str),
         "bool": isinstance(value, bool),

@@ -81,7 +81,7 @@ def _literal(node: ast.AST) -> Any:
     return ast.literal_eval(node)
 
 
-_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+TRUE_WORDS, FALSE_WORDS = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}  # how a flag says a bool
 
 
 def load_settings(cls: type, args: Sequence[str], command: str) -> Any:
@@ -101,7 +101,8 @@ def load_settings(cls: type, args: Sequence[str], command: str) -> Any:
         key = key.replace("-", "_")
         if not sep:
             nxt = args[i] if i < len(args) else None
-            if key in fields and fields[key].type == "bool" and (nxt is None or nxt.lower() not in _TRUE | _FALSE):
+            flag = key in fields and fields[key].type == "bool"  # a bare --flag means True
+            if flag and (nxt is None or nxt.lower() not in TRUE_WORDS | FALSE_WORDS):
                 text = "True"
             elif nxt is None or nxt.startswith("--"):
                 raise UserError(f"--{key} needs a value: --{key}=VALUE or --{key} VALUE")
@@ -124,8 +125,8 @@ def _typed(fields: dict[str, Any], key: str, value: Any, where: str, command: st
         raise UserError(f"{where}: unknown key {key!r}{hint}")
     kind = fields[key].type.replace(" | None", "")
     if from_text:
-        if kind == "bool" and value.strip().lower() in _TRUE | _FALSE:
-            return value.strip().lower() in _TRUE
+        if kind == "bool" and value.strip().lower() in TRUE_WORDS | FALSE_WORDS:
+            return value.strip().lower() in TRUE_WORDS
         if kind != "str":
             try:
                 value = ast.literal_eval(value)

@@ -83,7 +83,7 @@ def _rl(cfg: RLConfig, env: DistEnv) -> dict[str, Any]:
             last = rl_step(cfg, start, ctx, env, step)
             seconds = time.perf_counter() - t0
             ema = seconds if ema is None else 0.8 * ema + 0.2 * seconds
-            last.update(step_s=seconds, eta_s=ema * (cfg.max_steps - step - 1), lr=learning_rate(cfg, step))
+            last.update(step_s=seconds, eta_s=ema * (cfg.max_steps - step - 1))
             if step % cfg.log_interval == 0:
                 metrics.log(step, "rl", **last)
             step += 1
@@ -118,6 +118,7 @@ def rl_step(cfg: RLConfig, start: Start, ctx, env: DistEnv, step: int) -> dict[s
         "kl": kl / float(sums[0]),
         "grad_norm": norm,
         "sampled_tokens_per_s": float(sums[0]) / max(float(counts[3]) / env.world_size, 1e-9),
+        "lr": lr,
     }
 
 
@@ -128,10 +129,9 @@ def sample_batch(cfg: RLConfig, start: Start, ctx, env: DistEnv, step: int) -> B
     mine = list(range(env.rank, len(prompts), env.world_size))  # this process's share
     # a generator per prompt, seeded by (seed, step, prompt): the same answers on any number of processes
     generators = [torch.Generator(env.device).manual_seed((cfg.seed * 1_000_003 + step) * 100_003 + n) for n in mine]
-    vocab = max(start.tokenizer.vocab_size, *(i + 1 for i in start.special_ids.values()))
     groups = sample_groups(
         start.model, [start.prompt_ids(prompts[n].messages) for n in mine], cfg.num_generations,
-        cfg.max_completion_length, start.end, generators, cfg.temperature, cfg.top_k, ctx, vocab,
+        cfg.max_completion_length, start.end, generators, cfg.temperature, cfg.top_k, ctx, start.vocab,
     )  # fmt: skip
     batch = Batch(groups)
     for n, group in zip(mine, groups, strict=True):

@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from gptforge.model.cache import KVCache
 from gptforge.model.gpt import GPT
+from gptforge.rl.rollout import right_padded
 
 STD_EPS = 1e-4  # added to a group's standard deviation (TRL's value): a group of equal rewards divides by it
 
@@ -43,11 +44,8 @@ def groups_logprobs(model: GPT, prompts: list[list[int]], tokens: list[torch.Ten
     gradient their answers send back) are shared by their groups' rows, which then run only their own answer
     tokens, each at its own positions and seeing only its own prompt. Returns one (G, A_i) tensor a group."""
     device, n, G = tokens[0].device, len(prompts), tokens[0].size(0)
-    lengths = torch.tensor([len(p) for p in prompts], device=device)
-    width, A = int(lengths.max()), max(t.size(1) for t in tokens)
-    batch = torch.zeros(n, width, dtype=torch.long, device=device)
-    for i, p in enumerate(prompts):
-        batch[i, : len(p)] = torch.tensor(p, device=device)
+    batch, lengths = right_padded(prompts, device)
+    width, A = batch.size(1), max(t.size(1) for t in tokens)
     cache = KVCache(model.config.n_layer, width)
     hidden = model.hidden_states(batch, cache=cache)  # (n, width, C): padding after each prompt sees only its past
     logits = model.logits(hidden[torch.arange(n, device=device), lengths - 1]).float()  # (n, V)

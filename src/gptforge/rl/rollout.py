@@ -135,17 +135,24 @@ def _prefill(model: GPT, prompts: list[list[int]], group: int, max_len: int):
     """The prompts run once, as one right-padded batch; each one's keys and values copied into its group's rows of
     whole caches (rows, nh, max_len, hs) per layer (a row's padding slots are masked, then written over by its
     answer). Returns (the next-token logits of every row (rows, V), the key caches, the value caches)."""
-    device, n = model.transformer.wte.weight.device, len(prompts)
-    lengths = torch.tensor([len(p) for p in prompts], device=device)
-    width = int(lengths.max())
-    batch = torch.zeros(n, width, dtype=torch.long, device=device)
-    for i, p in enumerate(prompts):
-        batch[i, : len(p)] = torch.tensor(p, device=device)
+    n = len(prompts)
+    batch, lengths = right_padded(prompts, model.transformer.wte.weight.device)
+    width = batch.size(1)
     cache = KVCache(model.config.n_layer, width)
     hidden = model.hidden_states(batch, cache=cache)  # (n, width, C)
-    logits = model.logits(hidden[torch.arange(n, device=device), lengths - 1]).float()  # (n, V)
+    logits = model.logits(hidden[torch.arange(n, device=batch.device), lengths - 1]).float()  # (n, V)
     ks, vs = [], []
     for k, v in zip(cache.k, cache.v, strict=True):
         ks.append(F.pad(k.repeat_interleave(group, 0), (0, 0, 0, max_len - width)))
         vs.append(F.pad(v.repeat_interleave(group, 0), (0, 0, 0, max_len - width)))
     return logits.repeat_interleave(group, 0), ks, vs
+
+
+def right_padded(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths as one batch (n, longest), padded with 0 after each (causal attention keeps the
+    padding out of every real token's result), and their lengths (n,)."""
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    batch = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        batch[i, : len(p)] = torch.tensor(p, device=device)
+    return batch, lengths

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -61,6 +62,11 @@ class Start:
     @property
     def end(self) -> int:
         return self.special_ids[ANSWER_END]
+
+    @functools.cached_property
+    def vocab(self) -> int:
+        """Answers draw ids below it: the tokenizer's and its chat tokens', never the embedding's padding rows."""
+        return max(self.tokenizer.vocab_size, *(i + 1 for i in self.special_ids.values()))
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         return render_prompt(messages, self.tokenizer, self.special_ids)
