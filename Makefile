@@ -1,5 +1,6 @@
 # The README's two commands live here. Each creates .venv and installs what it needs on a fresh machine.
 #   make demo   train a small GPT on Tiny Shakespeare on the CPU (~2 minutes on 2 cores), then sample from it
+#   make chat   the CPU chat recipe in one command (gptforge pipeline chat-cpu): a chat model and its report.md
 #   make test   lint and run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 # Tiny Shakespeare: the offline copy in ../shared when present, else `gptforge prepare` downloads it.
 SHAKESPEARE ?= $(wildcard $(SHARED)/tinyshakespeare/input.txt)
 
-.PHONY: demo test install lint chromium clean
+.PHONY: demo chat test install lint chromium clean
 
 # the demo needs gptforge alone (torch, numpy, tiktoken, tqdm, rustbpe); the tests also need the [test] extra
 $(BIN)/gptforge: pyproject.toml
@@ -28,6 +29,10 @@ demo: install
 	$(BIN)/gptforge prepare shakespeare_char $(if $(SHAKESPEARE),--input $(SHAKESPEARE))
 	$(BIN)/gptforge train config/train_shakespeare_char_cpu.py
 	$(BIN)/gptforge sample --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=300
+
+chat: install
+	$(BIN)/python -m pip install --quiet -e '.[chat,hf]'
+	$(BIN)/gptforge pipeline chat-cpu $(if $(SHAKESPEARE),--text.shakespeare=$(abspath $(SHAKESPEARE)))
 
 lint: $(VENV)/.test-extra
 	$(BIN)/ruff check src tests scripts

@@ -89,6 +89,8 @@ GROUPS = [
     ("train.start", "train.setup", "train.loop"),
     ("rl.options", "rl.rewards", "rl.rollout", "rl.objective", "rl.start", "rl.evaluate", "rl.loop"),  # RL on rewards
     ("bench.options", "bench.profile", "bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
+    # every stage in one command
+    ("pipeline.options", "pipeline.kinds", "pipeline.stages", "pipeline.recipe", "pipeline.report", "pipeline.run"),
     ("cli.parsers", "cli.handlers", "cli.args", "cli.main"),  # the CLI: options -> parsers, and who does the work
 ]
 STAGES = [
@@ -104,6 +106,7 @@ STAGES = [
     "train",
     "rl",
     "bench",
+    "pipeline",
     "cli",
 ]
 ORDER = [name for group in GROUPS for name in group]

@@ -59,6 +59,27 @@ continues the run in --out_dir from its last checkpoint. Examples:
 
 settings (--key=DEFAULT  (type)):
 """
+PIPELINE_USAGE = """usage: gptforge pipeline RECIPE [--out_dir=FOLDER] [--dry_run] [--STAGE.KEY=VALUE ...]
+
+Run a recipe's stages in order, each as its own gptforge command in one pipeline folder: texts, tokenizer, data,
+pretraining, SFT, RL, evaluations, export. RECIPE is a TOML file or a built-in recipe: chat-cpu (the CPU chat
+recipe: about 90 minutes on 2 cores), chat-quick (every stage in minutes), chat-gpu (a larger model for one GPU).
+Running the same command again skips the stages that finished with the same settings and inputs, continues an
+interrupted training or RL stage from its last checkpoint, and re-runs a changed stage and every stage after it
+that reads it. report.md in the folder holds each stage's figures; `gptforge dashboard FOLDER` its curves.
+
+  --out_dir=FOLDER      the pipeline folder (default: the recipe's [pipeline] out_dir, else its name)
+  --dry_run             print the stages, the command each runs and what is done already; run nothing
+  --STAGE.KEY=VALUE     change a setting of one stage (VALUE as in TOML: 300, true, "text", ["a", "b"])
+
+Examples:
+
+  gptforge pipeline chat-quick
+  gptforge pipeline chat-cpu --text.shakespeare=path/to/input.txt
+  gptforge pipeline my_recipe.toml --sft.max_iters=2000 --dry_run
+
+docs/USAGE.md "One command" lists every kind of stage and its keys.
+"""
 BENCH_USAGE = (
     "gptforge bench [CONFIG_FILE ...] [--key=value ...] [--compare] [--json] [--iters N] [--warmup N] [--rounds N] "
     "[--profile] [--generation] [--tokenizers[=TEXT_FILE]]\n"
@@ -157,6 +178,7 @@ COMMANDS = (
     Command("train", "train a GPT (nanoGPT config files and --key=value options)"),
     Command("bench", "time the training step: tokens/s, MFU, memory; --compare with the baseline"),
     Command("rl", "improve a chat model by reward: RL on verifiable tasks (GRPO-style)"),
+    Command("pipeline", "run a recipe's stages, text to chat model, in one command; report.md at the end"),
     Command(
         "sample",
         "sample text from a trained run",

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from gptforge.bench.options import BenchArgs
-from gptforge.cli.args import RL_USAGE, TRAIN_USAGE, bench_parser, build_parser
+from gptforge.cli.args import PIPELINE_USAGE, RL_USAGE, TRAIN_USAGE, bench_parser, build_parser
 from gptforge.cli.parsers import parsed
 from gptforge.core.allocator import keep_freed_memory
 from gptforge.core.errors import UserError
@@ -20,8 +20,8 @@ from gptforge.core.quick_exit import quick_exit
 
 def run(argv: Sequence[str]) -> int:
     argv = list(argv)
-    if argv and argv[0] in ("train", "bench", "rl"):  # config files and --key=value options: not argparse's to parse
-        return {"train": run_train, "bench": run_bench, "rl": run_rl}[argv[0]](argv[1:])
+    if argv and argv[0] in ("train", "bench", "rl", "pipeline"):  # config files and --key=value: not argparse's
+        return {"train": run_train, "bench": run_bench, "rl": run_rl, "pipeline": run_pipeline}[argv[0]](argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -59,6 +59,21 @@ def run_rl(args: list[str]) -> int:
     from gptforge.rl.loop import rl
 
     rl(cfg)
+    return 0
+
+
+def run_pipeline(args: list[str]) -> int:
+    if "-h" in args or "--help" in args:
+        print(PIPELINE_USAGE)
+        return 0
+    from gptforge.pipeline.options import parse_pipeline_args
+    from gptforge.pipeline.run import StageFailed, run_pipeline
+
+    try:
+        run_pipeline(parse_pipeline_args(args))
+    except StageFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
     return 0
 
 

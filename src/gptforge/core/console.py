@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
+
+
+def duration(seconds: float) -> str:
+    """1h05m, 4m07s: a time left or taken."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
 def log(message: str) -> None:

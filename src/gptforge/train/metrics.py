@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from gptforge.core.config import TrainConfig
+from gptforge.core.console import duration
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.core.files import CONFIG, LOG, METRICS, SAMPLES, TENSORBOARD, atomic_write, remove_stale_temporaries
@@ -227,7 +228,7 @@ def _console_line(step: int, kind: str, v: dict[str, Any]) -> str:
         if v.get("mfu") is not None:
             parts.append(f"mfu {v['mfu'] * 100:.2f}%")
         if v.get("eta_s") is not None:
-            parts.append(f"eta {format_duration(v['eta_s'])}")
+            parts.append(f"eta {duration(v['eta_s'])}")
         return ", ".join(parts)
     if kind == "eval":
         parts = []
@@ -260,16 +261,7 @@ def _rl_line(step: int, kind: str, v: dict[str, Any]) -> str:
     text = ", ".join(f"{k} {x:,.0f}" if k.endswith("per_s") else f"{k} {x:.4g}" for k, x in shown.items())
     if kind == "rl_eval":
         return f"step {step}: held-out {text}"
-    return f"step {step}: {text}, {v['step_s']:.1f}s, eta {format_duration(v['eta_s'])}"
-
-
-def format_duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+    return f"step {step}: {text}, {v['step_s']:.1f}s, eta {duration(v['eta_s'])}"
 
 
 def _jsonl_record(line: str) -> tuple[int, str] | None:
