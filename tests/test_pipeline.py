@@ -277,3 +277,28 @@ def test_dry_run_shows_each_stage_and_its_command_and_runs_nothing(tmp_path, cap
     assert "10 stages" in out and not (tmp_path / "p").exists()
     assert "gptforge train " in out and "--dataset=chat_data" in out and "--init_from=pretrain" in out
     assert "gptforge rl " in out and "--init_from=sft" in out and "gptforge eval chat --out_dir rl" in out
+
+
+def test_the_dashboard_on_the_pipeline_folder_draws_every_stages_curves(whole, dashboard):
+    """`gptforge dashboard FOLDER` on a pipeline folder: its training stages' loss, its RL stage's reward and held-out
+    pass@1, each from the run's own metrics.jsonl, in real Chromium."""
+    from test_dashboard_browser import need_browser, page_at
+    from test_dashboard_rl_browser import TRACES, page_traces
+
+    need_browser()
+    out = whole.parent / "out"
+    url = dashboard(out)
+    with page_at(url + "#runs=pretrain,sft,rl&smooth=0") as page:
+        ready = f"() => ['pretrain', 'sft'].every(r => Object.keys(({TRACES})('chart-loss', r)).length > 0)"
+        page.wait_for_function(ready, timeout=20_000)
+        page.wait_for_function(f"() => Object.keys(({TRACES})('chart-rl-reward', 'rl')).length > 0", timeout=20_000)
+        for run in ("pretrain", "sft"):
+            losses = [json.loads(x) for x in (out / run / "metrics.jsonl").read_text().splitlines()]
+            train = [r for r in losses if r["kind"] == "train"]
+            drawn = page_traces(page, "chart-loss", run)
+            assert drawn[f"{run} train"]["y"] == pytest.approx([r["loss"] for r in train]), run
+        rl = [json.loads(x) for x in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
+        rewards = [r["reward"] for r in rl if r["kind"] == "rl"]
+        assert page_traces(page, "chart-rl-reward", "rl")["rl reward"]["y"] == pytest.approx(rewards)
+        assert page.locator(".card[data-id='rl'] .badge").inner_text() == "finished"
+        page.screenshot(path=str(out / "dashboard.png"), full_page=True)

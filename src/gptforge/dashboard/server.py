@@ -31,6 +31,8 @@ STATIC = {  # URL path -> (file name in static/, content type)
     "/": ("index.html", "text/html; charset=utf-8"),
     "/index.html": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/data.js": ("data.js", "text/javascript; charset=utf-8"),
+    "/static/charts.js": ("charts.js", "text/javascript; charset=utf-8"),
     "/static/rl.js": ("rl.js", "text/javascript; charset=utf-8"),
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
 }

@@ -1,7 +1,7 @@
 // gptforge dashboard: the charts of `gptforge rl` runs ("rl" records: reward, pass rates, answer length, sampled
 // tokens/s, KL; "rl_eval" records: held-out pass@1 overall and per task kind) and of SFT's held-out accuracy per
-// kind ("chat" records). Loaded before app.js, whose helpers (num, smooth, line, smoothed, draw, colour, el, stat,
-// fmtNum, last, $, S) these functions call once the page runs. A panel shows only while a selected run has its
+// kind ("chat" records). Loaded after data.js and charts.js and before app.js, whose helpers (num, smooth, line,
+// smoothed, draw, colour, el, stat, fmtNum, last, $, S) these functions call once the page runs. A panel shows only while a selected run has its
 // records, so a pretraining run's page is as before.
 "use strict";
 
