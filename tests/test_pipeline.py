@@ -114,8 +114,19 @@ dtype = "float32"
 
 [export]
 model = "rl"
+
+[samples]
+kind = "chat"
+model = "rl"
+prompts = ["Compute 12 + 30.", "Hello!"]
+max_new_tokens = 8
+tools = "none"
+dtype = "float32"
 """
-STAGES = ["text", "tokenizer", "pretrain_data", "chat_data", "pretrain", "sft", "eval_sft", "rl", "eval_rl", "export"]
+STAGES = [
+    *("text", "tokenizer", "pretrain_data", "chat_data", "pretrain", "sft"),
+    *("eval_sft", "rl", "eval_rl", "export", "samples"),
+]
 
 
 def recipe_in(folder: Path, shakespeare: Path, text: str = RECIPE) -> Path:
@@ -159,6 +170,12 @@ def test_the_report_holds_what_each_stages_own_command_gives(whole):
         said = re.search(rf"^{kind}\s+exact match ([0-9.]+)", own.stdout, re.M).group(1)
         assert table["kinds"][kind]["exact"] == float(said)
         assert re.search(rf"^\| {kind} \| [0-9.]+ ± [0-9.]+ \| {said} ± ", report, re.M), report
+    own = run_cli("chat", "--out_dir", str(out / "rl"), "-p", "Hello!", "--max_new_tokens", "8", "--tools", "none",
+                  "--dtype", "float32", env=ONE_THREAD)  # fmt: skip
+    samples = json.loads((out / "samples" / "samples.json").read_text())
+    assert [s["prompt"] for s in samples] == ["Compute 12 + 30.", "Hello!"]
+    assert own.returncode == 0 and samples[1]["answer"] == own.stdout.strip()
+    assert "## Sample conversations" in report and "asked: Hello!" in report
     final = json.loads((out / "pipeline.json").read_text())["stages"]
     assert all(final[s]["done"] for s in STAGES)
     assert (out / "export" / "hf" / "config.json").is_file()
@@ -176,7 +193,7 @@ def test_a_changed_middle_stage_runs_it_and_the_later_stages_only(whole, tmp_pat
     pretrain = model_state(tmp_path / "copy" / "out" / "pretrain")
     r = pipeline(recipe, "--sft.max_iters=8", "--sft.lr_decay_iters=8")
     assert r.returncode == 0, r.stderr
-    assert ran(r.stdout) == ["sft", "eval_sft", "rl", "eval_rl", "export"]
+    assert ran(r.stdout) == ["sft", "eval_sft", "rl", "eval_rl", "export", "samples"]
     after = model_state(tmp_path / "copy" / "out" / "pretrain")
     assert all(torch.equal(pretrain[k], after[k]) for k in pretrain)
     assert "step 8: done" in (tmp_path / "copy" / "out" / "logs" / "sft.log").read_text()
@@ -274,7 +291,7 @@ def test_dry_run_shows_each_stage_and_its_command_and_runs_nothing(tmp_path, cap
 
     run_pipeline(parse_pipeline_args(["chat-cpu", f"--out_dir={tmp_path / 'p'}", "--dry_run"]))
     out = capsys.readouterr().out
-    assert "10 stages" in out and not (tmp_path / "p").exists()
+    assert "11 stages" in out and not (tmp_path / "p").exists()
     assert "gptforge train " in out and "--dataset=chat_data" in out and "--init_from=pretrain" in out
     assert "gptforge rl " in out and "--init_from=sft" in out and "gptforge eval chat --out_dir rl" in out
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from gptforge.data.options import PrepareArgs
 from gptforge.evaluate.options import EvalChatArgs
+from gptforge.infer.options import ChatArgs
 from gptforge.pipeline.options import TextArgs
 from gptforge.rl.options import RLConfig
 from gptforge.tokenizer.options import TokenizerTrainArgs
@@ -28,6 +29,7 @@ class Kind:
     resumes: bool = False
     config_file: bool = False  # takes `config = "FILE"`: a config file of its command, the stage's keys on top
     outside: tuple[str, ...] = ()  # input keys that may be left out or name something else (gpt2, a folder)
+    own: tuple[str, ...] = ()  # keys the pipeline reads itself (chat's prompts), not its command
 
 
 KINDS = {
@@ -53,6 +55,7 @@ KINDS = {
     "rl": Kind(RLConfig, {"init_from": MODELS}, (), resumes=True, config_file=True, outside=("init_from",)),
     "eval_chat": Kind(EvalChatArgs, {"model": MODELS}, ("out_dir", "ckpt", "init_from")),
     "export": Kind(ExportArgs, {"model": MODELS}, ("out_dir", "ckpt")),
+    "chat": Kind(ChatArgs, {"model": MODELS}, ("out_dir", "ckpt", "init_from", "prompt"), own=("prompts",)),
 }
 RESERVED = ("logs", "text", "tokenizers", "data", "report.md", "pipeline.json")  # the pipeline's own names
 

@@ -62,8 +62,8 @@ def read_recipe(name: str, overrides: dict[str, Any] | None = None, out_dir: str
         raise UserError(f"{path}: not a TOML recipe ({e})") from None
     lines = text.splitlines()
     meta = tables.pop("pipeline", {})
-    for table in tables.values():  # the file's paths are relative to its folder, the command line's to the cwd
-        _absolute(table, os.path.dirname(os.path.abspath(path))) if isinstance(table, dict) else None
+    for name, table in tables.items():  # the file's paths are relative to its folder, the command line's to the cwd
+        _absolute(name, table, os.path.dirname(os.path.abspath(path))) if isinstance(table, dict) else None
     _apply(tables, overrides or {}, path)
     stages: list[Stage] = []
     for name, table in tables.items():
@@ -85,14 +85,19 @@ def _apply(tables: dict[str, Any], overrides: dict[str, Any], path: str) -> None
             hint = f"; did you mean {', '.join(close)}?" if close else f"; {path} has {', '.join(tables)}"
             raise UserError(f"--{dotted}: not a STAGE.KEY of the recipe{hint}")
         tables[stage][key] = value
-        _absolute(tables[stage], os.getcwd(), only=key)
+        _absolute(stage, tables[stage], os.getcwd(), only=key)
 
 
-PATHS = ("shakespeare", "files", "input_path", "prompts", "reward")  # keys holding paths (reward: FILE.py:FUNCTION)
+PATHS = {  # each kind's keys that hold paths (reward: FILE.py:FUNCTION)
+    "text": ("shakespeare", "files"),
+    "prepare_text": ("input_path",),
+    "rl": ("prompts", "reward"),
+}
 
 
-def _absolute(table: dict[str, Any], base: str, only: str | None = None) -> None:
-    for key in PATHS if only is None else (only,) if only in PATHS else ():
+def _absolute(name: str, table: dict[str, Any], base: str, only: str | None = None) -> None:
+    keys = PATHS.get(table.get("kind", name), ())
+    for key in keys if only is None else (only,) if only in keys else ():
         value = table.get(key)
         if isinstance(value, list):
             table[key] = [os.path.join(base, v) if isinstance(v, str) else v for v in value]
@@ -132,6 +137,10 @@ def _stage(path: str, lines: list[str], name: str, table: dict[str, Any], before
     for key in spec.fixed:
         if key in table:
             raise UserError(f"{path}:{_line(lines, name, key)}: [{name}] {key}: the pipeline sets it; leave it out")
+    for key in spec.own:
+        value = table.get(key)
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise UserError(f"{path}:{_line(lines, name, key)}: [{name}] needs {key} = a list of texts")
     stage = Stage(name, kind, table, inputs, float(minutes), config, head)
     _check_settings(path, lines, stage, {n: earlier[n] for n in inputs.values()})
     return stage

@@ -32,6 +32,7 @@ def write_report(recipe: Recipe, state: dict[str, Any], folder: str) -> None:
     for s in done:
         lines += _figures(s, recipe, folder)
     lines += _eval_table([s for s in done if s.kind == "eval_chat"], folder)
+    lines += _samples([s for s in done if s.kind == "chat"], folder)
     lines += ["## Curves", "", f"`gptforge dashboard {folder}` draws every training and RL stage's curves.", ""]
     with open(os.path.join(folder, "report.md.tmp"), "w", encoding="utf-8") as fh:
         fh.write("\n".join(lines))
@@ -133,3 +134,17 @@ def _eval_table(stages: list[Stage], folder: str) -> list[str]:
         f"Problems per kind: {', '.join(str(next(iter(r['kinds'].values()), {}).get('n', '?')) for r in results)}.",
         "",
     ]
+
+
+def _samples(stages: list[Stage], folder: str) -> list[str]:
+    lines = ["## Sample conversations", ""] if stages else []
+    for s in stages:
+        with open(os.path.join(folder, s.folder, "samples.json"), encoding="utf-8") as fh:
+            for pair in json.load(fh):
+                lines += [
+                    f"**{s.inputs['model']}**, asked: {pair['prompt']}",
+                    "",
+                    "> " + pair["answer"].replace("\n", "\n> "),
+                    "",
+                ]
+    return lines

@@ -23,7 +23,7 @@ from gptforge.pipeline.kinds import KINDS, Stage
 from gptforge.pipeline.options import PipelineArgs
 from gptforge.pipeline.recipe import Recipe, read_recipe
 from gptforge.pipeline.report import write_report
-from gptforge.pipeline.stages import command, finish, run_text
+from gptforge.pipeline.stages import command, commands, finish, run_text
 
 STATE = "pipeline.json"
 
@@ -131,19 +131,39 @@ def _clear(folder: str, stage: Stage) -> None:
 
 def _run_stage(recipe: Recipe, stage: Stage, folder: str) -> None:
     log = os.path.join(folder, "logs", f"{stage.name}.log")
-    argv = command(stage, {s.name: s for s in recipe.stages})
-    if argv is None:
+    argvs = commands(stage, {s.name: s for s in recipe.stages})
+    if not argvs:
         run_text(stage, folder)
         return
+    said = []
     with open(log, "ab") as out:
-        out.write(f"$ gptforge {shlex.join(argv)}\n".encode())
-        rc = _tee([sys.executable, "-m", "gptforge", *argv], folder, out)
-    if rc != 0:
-        where = f"its output above and in {log}"
-        if rc == 2:
-            raise UserError(f"stage [{stage.name}] stopped with a user error (exit 2): {where}")
-        raise StageFailed(f"stage [{stage.name}] failed (exit {rc}): {where}", rc)
+        for argv in argvs:
+            out.write(f"$ gptforge {shlex.join(argv)}\n".encode())
+            start = out.tell()
+            rc = _tee([sys.executable, "-m", "gptforge", *argv], folder, out, stage.kind == "chat")
+            if rc != 0:
+                where = f"its output above and in {log}"
+                if rc == 2:
+                    raise UserError(f"stage [{stage.name}] stopped with a user error (exit 2): {where}")
+                raise StageFailed(f"stage [{stage.name}] failed (exit {rc}): {where}", rc)
+            said.append((argv, start))
+    if stage.kind == "chat":
+        _write_samples(stage, folder, log, said)
     finish(stage, folder, log)
+
+
+def _write_samples(stage: Stage, folder: str, log: str, said: list[tuple[list[str], int]]) -> None:
+    """A chat stage's samples.json: each prompt and the answer `gptforge chat -p` printed (its stdout, in the log
+    from where the command's header line ends to the next one's)."""
+    with open(log, "rb") as fh:
+        text = fh.read()
+    pairs = []
+    for argv, start in said:
+        answer = text[start:].split(b"\n$ gptforge ", 1)[0].decode(errors="replace").strip()
+        pairs.append({"prompt": argv[-1], "answer": answer})
+    os.makedirs(os.path.join(folder, stage.folder), exist_ok=True)
+    with open(os.path.join(folder, stage.folder, "samples.json"), "w", encoding="utf-8") as fh:
+        json.dump(pairs, fh, indent=1)
 
 
 class StageFailed(Exception):
@@ -152,13 +172,12 @@ class StageFailed(Exception):
         self.code = code
 
 
-def _tee(argv: list[str], cwd: str, log) -> int:
-    """Run argv in cwd, its output to the terminal and to log as it comes; it dies with this process (kill -9
-    included), so an interrupted pipeline leaves no stage running."""
+def _tee(argv: list[str], cwd: str, log, quiet_stderr: bool = False) -> int:
+    """Run argv in cwd, its output to the terminal and to log as it comes (quiet_stderr: its stderr to the terminal
+    only); it dies with this process (kill -9 included), so an interrupted pipeline leaves no stage running."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
-    )
+    stderr = None if quiet_stderr else subprocess.STDOUT
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=stderr, env=env, preexec_fn=_die_with_parent)
     try:
         while chunk := os.read(proc.stdout.fileno(), 1 << 16):
             sys.stdout.buffer.write(chunk)

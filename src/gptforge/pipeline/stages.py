@@ -20,6 +20,7 @@ COMMANDS = {  # the kinds run by a gptforge command whose options argparse reads
     "prepare_chat": ["prepare"],
     "eval_chat": ["eval", "chat"],
     "export": ["export"],
+    "chat": ["chat"],
 }
 
 
@@ -32,7 +33,7 @@ def text_files(stage: Stage) -> list[str]:
 
 def values(stage: Stage, inputs: dict[str, Stage]) -> dict[str, Any]:
     """The stage command's settings: the recipe's, then the ones the pipeline sets (folders, inputs resolved)."""
-    out = dict(stage.settings)
+    out = {k: v for k, v in stage.settings.items() if k not in KINDS[stage.kind].own}
     given = {key: inputs[name] for key, name in stage.inputs.items()}
     if stage.kind == "tokenizer":
         out.update(files=text_files(given["text"]), name=stage.name, force=True)
@@ -52,7 +53,7 @@ def values(stage: Stage, inputs: dict[str, Stage]) -> dict[str, Any]:
             out["dataset"] = given["dataset"].name
         if stage.kind == "train":
             out["resume"] = "auto"  # an interrupted stage continues from its last checkpoint
-    elif stage.kind in ("eval_chat", "export"):
+    elif stage.kind in ("eval_chat", "export", "chat"):
         out["out_dir"] = given["model"].folder
         if stage.kind == "export":
             out["to"] = os.path.join(stage.folder, out.get("to", "hf"))
@@ -99,6 +100,14 @@ def command(stage: Stage, inputs: dict[str, Stage]) -> list[str] | None:
         elif value is not None:
             argv += [flag, str(value)]
     return argv[: len(COMMANDS[stage.kind])] + positional + argv[len(COMMANDS[stage.kind]) :]
+
+
+def commands(stage: Stage, inputs: dict[str, Stage]) -> list[list[str]]:
+    """The command lines a stage runs in turn: one, or a chat stage's one per prompt (`gptforge chat -p`)."""
+    argv = command(stage, inputs)
+    if stage.kind == "chat":
+        return [[*argv, "-p", prompt] for prompt in stage.settings.get("prompts", [])]
+    return [] if argv is None else [argv]
 
 
 def run_text(stage: Stage, folder: str) -> None:
