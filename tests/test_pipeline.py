@@ -319,3 +319,17 @@ def test_the_dashboard_on_the_pipeline_folder_draws_every_stages_curves(whole, d
         assert page_traces(page, "chart-rl-reward", "rl")["rl reward"]["y"] == pytest.approx(rewards)
         assert page.locator(".card[data-id='rl'] .badge").inner_text() == "finished"
         page.screenshot(path=str(out / "dashboard.png"), full_page=True)
+
+
+def test_an_eval_hellaswag_stage_keeps_the_line_its_command_printed(tmp_path):
+    from gptforge.pipeline.recipe import read_recipe
+    from gptforge.pipeline.stages import command, finish
+
+    recipe = read_recipe("chat-gpu", out_dir=str(tmp_path))
+    stage = recipe.stage("hellaswag")
+    assert command(stage, {s.name: s for s in recipe.stages})[:4] == ["eval", "hellaswag", "--out_dir", "pretrain"]
+    log = tmp_path / "h.log"
+    log.write_text("loading\nhellaswag: 10042 examples, acc 0.2950 (2962/10042), acc_norm 0.3013 (3026/10042)\n")
+    finish(stage, str(tmp_path), str(log))
+    said = json.loads((tmp_path / "hellaswag" / "eval.json").read_text())["hellaswag"]
+    assert said == {"n": 10042, "acc": 0.295, "acc_norm": 0.3013}

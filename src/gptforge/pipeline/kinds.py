@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptforge.data.options import PrepareArgs
-from gptforge.evaluate.options import EvalChatArgs
+from gptforge.evaluate.options import EvalChatArgs, HellaswagArgs
 from gptforge.infer.options import ChatArgs
 from gptforge.pipeline.options import TextArgs
 from gptforge.rl.options import RLConfig
@@ -54,6 +54,7 @@ KINDS = {
     ),
     "rl": Kind(RLConfig, {"init_from": MODELS}, (), resumes=True, config_file=True, outside=("init_from",)),
     "eval_chat": Kind(EvalChatArgs, {"model": MODELS}, ("out_dir", "ckpt", "init_from")),
+    "eval_hellaswag": Kind(HellaswagArgs, {"model": MODELS}, ("out_dir", "ckpt", "init_from")),
     "export": Kind(ExportArgs, {"model": MODELS}, ("out_dir", "ckpt")),
     "chat": Kind(ChatArgs, {"model": MODELS}, ("out_dir", "ckpt", "init_from", "prompt"), own=("prompts",)),
 }

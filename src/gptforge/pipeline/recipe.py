@@ -92,6 +92,7 @@ PATHS = {  # each kind's keys that hold paths (reward: FILE.py:FUNCTION)
     "text": ("shakespeare", "files"),
     "prepare_text": ("input_path",),
     "rl": ("prompts", "reward"),
+    "eval_hellaswag": ("hellaswag_path",),
 }
 
 

@@ -95,6 +95,11 @@ def _figures(stage: Stage, recipe: Recipe, folder: str) -> list[str]:
         if chats:
             out += f"; its held-out chat check {chats[-1]['acc']:.3f} ({chats[-1]['n']} problems)"
         return [out + ".", ""]
+    if stage.kind == "eval_hellaswag":
+        with open(os.path.join(where, "eval.json"), encoding="utf-8") as fh:
+            h = json.load(fh)["hellaswag"]
+        said = f"HellaSwag acc_norm {h['acc_norm']:.4f}, acc {h['acc']:.4f}, {h['n']:,} examples"
+        return [f"**{stage.name}** ({stage.inputs['model']}): {said}.", ""]
     if stage.kind == "rl":
         steps, evals = records(where, "rl"), records(where, "rl_eval")
         if not steps:

@@ -19,6 +19,7 @@ COMMANDS = {  # the kinds run by a gptforge command whose options argparse reads
     "prepare_text": ["prepare"],
     "prepare_chat": ["prepare"],
     "eval_chat": ["eval", "chat"],
+    "eval_hellaswag": ["eval", "hellaswag"],
     "export": ["export"],
     "chat": ["chat"],
 }
@@ -53,7 +54,7 @@ def values(stage: Stage, inputs: dict[str, Stage]) -> dict[str, Any]:
             out["dataset"] = given["dataset"].name
         if stage.kind == "train":
             out["resume"] = "auto"  # an interrupted stage continues from its last checkpoint
-    elif stage.kind in ("eval_chat", "export", "chat"):
+    elif stage.kind in ("eval_chat", "eval_hellaswag", "export", "chat"):
         out["out_dir"] = given["model"].folder
         if stage.kind == "export":
             out["to"] = os.path.join(stage.folder, out.get("to", "hf"))
@@ -133,12 +134,19 @@ def run_text(stage: Stage, folder: str) -> None:
 
 
 EVAL_LINE = re.compile(r"^(\S+)\s+exact match ([0-9.]+) \((\d+) held-out problems\)(?:, tool calls ([0-9.]+))?")
+HELLASWAG_LINE = re.compile(r"hellaswag: (\d+) examples, acc ([0-9.]+) \(\d+/\d+\), acc_norm ([0-9.]+)")
 END_LINE = re.compile(r"^all\s+exact match ([0-9.]+); answers ending with the end token ([0-9.]+)")
 
 
 def finish(stage: Stage, folder: str, log: str) -> None:
-    """What a finished stage leaves for the report beyond its command's own files: eval_chat's table, read from
-    the command's own output, as <stage>/eval.json."""
+    """What a finished stage leaves for the report beyond its command's own files: eval_chat's table and
+    eval_hellaswag's line, read from the command's own output, as <stage>/eval.json."""
+    if stage.kind == "eval_hellaswag":
+        with open(log, encoding="utf-8", errors="replace") as fh:
+            found = HELLASWAG_LINE.findall(fh.read())
+        n, acc, norm = found[-1] if found else ("0", "nan", "nan")
+        _write_eval(folder, stage, {"hellaswag": {"n": int(n), "acc": float(acc), "acc_norm": float(norm)}})
+        return
     if stage.kind != "eval_chat":
         return
     kinds: dict[str, Any] = {}
@@ -151,7 +159,11 @@ def finish(stage: Stage, folder: str, log: str) -> None:
                     kinds[m.group(1)]["tool_calls"] = float(m.group(4))
             elif m := END_LINE.match(line):
                 summary = {"exact": float(m.group(1)), "ended": float(m.group(2))}
+    _write_eval(folder, stage, {"kinds": kinds, "all": summary})
+
+
+def _write_eval(folder: str, stage: Stage, result: dict[str, Any]) -> None:
     out = os.path.join(folder, stage.folder)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "eval.json"), "w", encoding="utf-8") as fh:
-        json.dump({"kinds": kinds, "all": summary, "settings": stage.settings}, fh, indent=1)
+        json.dump({**result, "settings": stage.settings}, fh, indent=1)
