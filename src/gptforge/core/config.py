@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptforge.core.aliases import ALIASES, EPOCH_NAMES, Given, derived_accumulation, resolve_aliases, show
-from gptforge.core.config_file import FALSE_WORDS, TRUE_WORDS, read_config_file
+from gptforge.core.config_file import FALSE_WORDS, TRUE_WORDS, given_settings
 from gptforge.core.errors import UserError
 from gptforge.core.files import CONFIG
 from gptforge.core.settings import below_one, check_fields, not_negative, port_number, positive, setting
@@ -272,28 +272,11 @@ MUON_ONLY = tuple(name for name, f in FIELDS.items() if f.metadata.get("muon")) 
 def load_config(args: Sequence[str], base: TrainConfig | None = None) -> TrainConfig:
     """Build a TrainConfig from nanoGPT-style arguments: config files and --key=value / --key value, in order."""
     given: Given = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if not arg.startswith("--"):
-            for name, value, where in read_config_file(arg):
-                check_key(name, where)
-                given[name] = (coerce(name, value, where, from_text=False), where, i)  # this file: source i
-            continue
-        name, sep, text = arg[2:].partition("=")
-        name = name.replace("-", "_")
-        check_key(name, f"--{name}")
-        if not sep:  # `--key value`, or a bare `--flag` meaning True for booleans
-            nxt = args[i] if i < len(args) else None
-            boolean = _kind(name) in ("bool", "bool | str")
-            if boolean and (nxt is None or nxt.lower() not in TRUE_WORDS | FALSE_WORDS | {"auto"}):
-                text = "True"
-            elif nxt is None or (nxt.startswith("--") and len(nxt) > 2):
-                raise UserError(f"--{name} needs a value: --{name}=VALUE or --{name} VALUE")
-            else:
-                text, i = nxt, i + 1
-        given[name] = (coerce(name, text, f"--{name}", from_text=True), f"--{name}", len(args) + 1)  # one source
+    is_flag = lambda name: _kind(name) in ("bool", "bool | str")  # noqa: E731
+    for name, value, where, from_text, source in given_settings(args, is_flag, check_key):
+        if not from_text:
+            check_key(name, where)
+        given[name] = (coerce(name, value, where, from_text=from_text), where, source)
     values: dict[str, Any] = dataclasses.asdict(base or TrainConfig())
     values.update({name: value for name, (value, _, _) in given.items() if name in FIELDS})
     explicit = {name for name in given if name in FIELDS}

@@ -8,7 +8,7 @@ import ast
 import dataclasses
 import difflib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gptforge.core.errors import UserError
@@ -84,31 +84,45 @@ def _literal(node: ast.AST) -> Any:
 TRUE_WORDS, FALSE_WORDS = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}  # how a flag says a bool
 
 
+def given_settings(
+    args: Sequence[str], is_flag: Callable[[str], bool], check: Callable[[str, str], None] | None = None
+) -> Iterator[tuple[str, Any, str, bool, int]]:
+    """Each setting in config files and --key=value / --key value options, in order: (key, value, where,
+    from_text, source), source being the config file's position among args or len(args) + 1 for the command
+    line. A bare `--key` whose is_flag(key) is true means True (as does `--key` before another option);
+    `check(key, where)` sees each command-line key first (an unknown key named before its value is read)."""
+    words = TRUE_WORDS | FALSE_WORDS | {"auto"}
+    i = 0
+    while i < len(args):
+        arg, i = args[i], i + 1
+        if not arg.startswith("--"):
+            for key, value, where in read_config_file(arg):
+                yield key, value, where, False, i
+            continue
+        key, sep, text = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if check:
+            check(key, f"--{key}")
+        if not sep:
+            nxt = args[i] if i < len(args) else None
+            if is_flag(key) and (nxt is None or nxt.lower() not in words):
+                text = "True"
+            elif nxt is None or (nxt.startswith("--") and len(nxt) > 2):
+                raise UserError(f"--{key} needs a value: --{key}=VALUE or --{key} VALUE")
+            else:
+                text, i = nxt, i + 1
+        yield key, text, f"--{key}", True, len(args) + 1
+
+
 def load_settings(cls: type, args: Sequence[str], command: str) -> Any:
     """A settings dataclass (core/settings.py) from config files (read as data, as above) and --key=value /
     --key value options, in order, the last one winning; each value checked against its field's type, then every
     field's own check (check_fields). An unknown key is named with where it was given and the nearest known keys."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     given: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        arg, i = args[i], i + 1
-        if not arg.startswith("--"):
-            for key, value, where in read_config_file(arg):
-                given[key] = _typed(fields, key, value, where, command, from_text=False)
-            continue
-        key, sep, text = arg[2:].partition("=")
-        key = key.replace("-", "_")
-        if not sep:
-            nxt = args[i] if i < len(args) else None
-            flag = key in fields and fields[key].type == "bool"  # a bare --flag means True
-            if flag and (nxt is None or nxt.lower() not in TRUE_WORDS | FALSE_WORDS):
-                text = "True"
-            elif nxt is None or nxt.startswith("--"):
-                raise UserError(f"--{key} needs a value: --{key}=VALUE or --{key} VALUE")
-            else:
-                text, i = nxt, i + 1
-        given[key] = _typed(fields, key, text, f"--{key}", command, from_text=True)
+    is_flag = lambda key: key in fields and fields[key].type == "bool"  # noqa: E731
+    for key, value, where, from_text, _ in given_settings(args, is_flag):
+        given[key] = _typed(fields, key, value, where, command, from_text=from_text)
     missing = [k for k, f in fields.items() if default_of(f) is REQUIRED and k not in given]
     if missing:
         raise UserError(f"gptforge {command} needs --{missing[0]} ({fields[missing[0]].metadata['doc']})")
