@@ -5,6 +5,7 @@ the uninterrupted pipeline bit for bit), and bad recipes (exit 2 naming file, li
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from chat_tools import ONE_THREAD
-from conftest import SHAKESPEARE, need_shared, run_cli
+from conftest import ROOT, SHAKESPEARE, need_shared, run_cli
 
 RECIPE = """
 [pipeline]
@@ -333,3 +334,33 @@ def test_an_eval_hellaswag_stage_keeps_the_line_its_command_printed(tmp_path):
     finish(stage, str(tmp_path), str(log))
     said = json.loads((tmp_path / "hellaswag" / "eval.json").read_text())["hellaswag"]
     assert said == {"n": 10042, "acc": 0.295, "acc_norm": 0.3013}
+
+
+@pytest.mark.parametrize("stage,config", [("pretrain", "chat_pretrain_cpu.py"), ("sft", "chat_sft_cpu.py")])
+def test_chat_cpu_trains_as_the_recipes_config_files_do(stage, config):
+    """The built-in chat-cpu recipe's training stages are docs/RECIPES.md's config files, key for key (the folders
+    aside): a recipe that drifted from the measured configs would not give their figures."""
+    from gptforge.core.config import load_config
+    from gptforge.pipeline.recipe import read_recipe
+    from gptforge.pipeline.stages import command
+
+    recipe = read_recipe("chat-cpu")
+    argv = command(recipe.stage(stage), {s.name: s for s in recipe.stages})[1:]
+    ours = dataclasses.asdict(load_config([a for a in argv if not a.startswith("--init_from")]))
+    theirs = dataclasses.asdict(load_config([str(ROOT / "config" / config), "--init_from=scratch"]))
+    folders = {"out_dir", "dataset", "init_from", "resume"}
+    assert {k: v for k, v in ours.items() if k not in folders} == {k: v for k, v in theirs.items() if k not in folders}
+
+
+def test_chat_cpu_runs_rl_as_its_config_file_does():
+    from gptforge.core.config_file import load_settings
+    from gptforge.pipeline.recipe import read_recipe
+    from gptforge.pipeline.stages import command
+    from gptforge.rl.options import RLConfig
+
+    recipe = read_recipe("chat-cpu")
+    ours = load_settings(RLConfig, command(recipe.stage("rl"), {s.name: s for s in recipe.stages})[1:], "rl")
+    theirs = load_settings(RLConfig, [str(ROOT / "config" / "chat_rl_cpu.py")], "rl")
+    folders = {"out_dir", "init_from"}
+    mine = {k: v for k, v in dataclasses.asdict(ours).items() if k not in folders}
+    assert mine == {k: v for k, v in dataclasses.asdict(theirs).items() if k not in folders}

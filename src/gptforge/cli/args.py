@@ -63,7 +63,7 @@ PIPELINE_USAGE = """usage: gptforge pipeline RECIPE [--out_dir=FOLDER] [--dry_ru
 
 Run a recipe's stages in order, each as its own gptforge command in one pipeline folder: texts, tokenizer, data,
 pretraining, SFT, RL, evaluations, export. RECIPE is a TOML file or a built-in recipe: chat-cpu (the CPU chat
-recipe: about 90 minutes on 2 cores), chat-quick (every stage in minutes), chat-gpu (a larger model for one GPU).
+recipe: about 80-85 minutes on 2 cores), chat-quick (every stage in minutes), chat-gpu (a larger model for one GPU).
 Running the same command again skips the stages that finished with the same settings and inputs, continues an
 interrupted training or RL stage from its last checkpoint, and re-runs a changed stage and every stage after it
 that reads it. report.md in the folder holds each stage's figures; `gptforge dashboard FOLDER` its curves.

@@ -3,4 +3,4 @@ names the stages and their settings (recipe.py, checked before anything runs); e
 command in the pipeline folder (stages.py), is skipped when its output is complete and its settings and inputs are
 unchanged, resumed when it was interrupted (run.py), and report.md gathers the figures the runs wrote (report.py).
 
-Imports: chat, core, data, evaluate, rl, tokenizer, weights."""
+Imports: chat, core, data, evaluate, infer, rl, tokenizer, weights."""

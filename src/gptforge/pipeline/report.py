@@ -104,9 +104,9 @@ def _figures(stage: Stage, recipe: Recipe, folder: str) -> list[str]:
         steps, evals = records(where, "rl"), records(where, "rl_eval")
         if not steps:
             return []
-        first = sum(r["reward"] for r in steps[:100]) / len(steps[:100])
-        last = sum(r["reward"] for r in steps[-100:]) / len(steps[-100:])
-        out = f"**{stage.name}**: {len(steps)} steps; mean reward {first:.3f} (first 100) -> {last:.3f} (last 100)"
+        k = max(1, min(100, len(steps) // 4))  # the first and last k steps' mean reward
+        first, last = (sum(r["reward"] for r in part) / k for part in (steps[:k], steps[-k:]))
+        out = f"**{stage.name}**: {len(steps)} steps; mean reward {first:.3f} (first {k}) -> {last:.3f} (last {k})"
         if len(evals) > 1:
             out += f"; held-out pass@1 {evals[0]['pass_at_1']:.3f} -> {evals[-1]['pass_at_1']:.3f}"
         return [out + ".", ""]
@@ -126,19 +126,18 @@ def _eval_table(stages: list[Stage], folder: str) -> list[str]:
     lines += ["| kind | " + " | ".join(f"{s.name} ({s.inputs['model']})" for s in stages) + " |"]
     lines += ["|---|" + "---|" * len(stages)]
     for kind in kinds:
-        cells = []
-        for r in results:
-            got = r["kinds"].get(kind)
-            cells.append(
-                f"{got['exact']:.3f} ± {math.sqrt(got['exact'] * (1 - got['exact']) / got['n']):.3f}" if got else ""
-            )
+        cells = [_cell(r["kinds"].get(kind)) for r in results]
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
     lines.append("| all | " + " | ".join(f"{r['all'].get('exact', float('nan')):.3f}" for r in results) + " |")
-    return lines + [
-        "",
-        f"Problems per kind: {', '.join(str(next(iter(r['kinds'].values()), {}).get('n', '?')) for r in results)}.",
-        "",
-    ]
+    sizes = ", ".join(str(next(iter(r["kinds"].values()), {}).get("n", "?")) for r in results)
+    return lines + ["", f"Held-out problems per kind: {sizes}.", ""]
+
+
+def _cell(got: dict[str, Any] | None) -> str:
+    if not got:
+        return ""
+    p, n = got["exact"], got["n"]
+    return f"{p:.3f} ± {math.sqrt(p * (1 - p) / n):.3f}"
 
 
 def _samples(stages: list[Stage], folder: str) -> list[str]:

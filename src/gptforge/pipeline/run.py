@@ -103,22 +103,35 @@ def run_pipeline(args: PipelineArgs) -> None:
         if action == "done":
             print(f"{head}: done earlier ({duration(state['stages'][stage.name].get('wall_s', 0))}), skipped")
             continue
-        left = sum(s.minutes for s, _, a in steps[n - 1 :] if a != "done") * (spent / expected if expected else 1)
-        print(f"{head}: {'resuming' if action == 'resume' else 'starting'} ({stage.kind}); about {left:.0f} min left")
+        left = sum(s.minutes for s, _, a in steps[n - 1 :] if a != "done") * _pace(spent, expected)
+        verb = "resuming" if action == "resume" else "starting"
+        print(f"{head}: {verb} ({stage.kind}); the pipeline has about {duration(left * 60)} left")
         if action == "run":
             _clear(folder, stage)
         state["stages"][stage.name] = {"fingerprint": fp, "done": False, "kind": stage.kind, "folder": stage.folder}
         save_state(folder, state)
         t0 = time.time()
-        _run_stage(recipe, stage, folder)
-        wall = time.time() - t0 + (state["stages"][stage.name].get("wall_s", 0) if action == "resume" else 0)
-        state["stages"][stage.name].update(done=True, wall_s=round(wall, 1), ended=time.time())
+        try:
+            _run_stage(recipe, stage, folder)
+        finally:
+            write_report(recipe, state, folder)
+        wall = time.time() - t0  # a resumed stage: the time of this run of it
+        state["stages"][stage.name].update(
+            done=True, wall_s=round(wall, 1), ended=time.time(), resumed=action == "resume"
+        )
         save_state(folder, state)
         write_report(recipe, state, folder)
-        spent, expected = spent + time.time() - t0, expected + stage.minutes * 60 if stage.minutes else expected
+        if stage.minutes:
+            spent, expected = spent + time.time() - t0, expected + stage.minutes * 60
         print(f"{head}: done in {duration(time.time() - t0)}")
     write_report(recipe, state, folder)
     print(f"pipeline done in {duration(time.time() - started)}; report: {os.path.join(folder, 'report.md')}")
+
+
+def _pace(spent: float, expected: float) -> float:
+    """How much longer than the recipe's minutes the stages are taking here: measured once two minutes of them
+    have run (short stages say little), kept between a third and three times."""
+    return min(3.0, max(1 / 3, spent / expected)) if expected >= 120 else 1.0
 
 
 def _clear(folder: str, stage: Stage) -> None:
