@@ -205,3 +205,35 @@ def _scored(model, groups, score):
     )
     loss.backward()
     return [lp.detach() for lp in logps], {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_update_passes_group_answers_of_like_width_and_give_the_one_pass_gradient():
+    """length_chunks: every group once, by width, at most `per` a pass, no pass holding answers more than twice
+    as wide as its narrowest; the gradient summed over those passes equals the one pass over all groups
+    (float64)."""
+    from gptforge.rl.loop import length_chunks
+
+    widths = [3, 20, 4, 9, 3, 18, 5, 2]
+    chunks = length_chunks(widths, per=3)
+    assert sorted(i for c in chunks for i in c) == list(range(8))
+    assert all(len(c) <= 3 and max(widths[i] for i in c) <= 2 * min(widths[i] for i in c) for c in chunks)
+    assert chunks == [[7, 0, 4], [2, 6], [3, 5], [1]]
+    model = tiny_model(vocab_size=16, block_size=64, seed=6, rotary=True).double()
+    prompts = [[4, 5, 6], [1, 2], [3, 3, 3, 3], [7]]
+    groups = sample_groups(model, prompts, 4, 24, 15, [torch.Generator().manual_seed(s) for s in (5, 6, 7, 8)])
+    assert len({g.tokens.size(1) for g in groups}) > 1
+    one = _scored(model, groups, lambda: groups_logprobs(model, prompts, [g.tokens for g in groups]))
+
+    def by_chunks():
+        out = [None] * len(groups)
+        for chunk in length_chunks([g.tokens.size(1) for g in groups], per=2):
+            got = groups_logprobs(model, [prompts[i] for i in chunk], [groups[i].tokens for i in chunk])
+            for i, lp in zip(chunk, got, strict=True):
+                out[i] = lp
+        return out
+
+    several = _scored(model, groups, by_chunks)
+    for x, y, g in zip(one[0], several[0], groups, strict=True):
+        assert torch.allclose(x * g.weights, y * g.weights, rtol=1e-10, atol=1e-12)
+    for name, grad in one[1].items():
+        assert torch.allclose(grad, several[1][name], rtol=1e-8, atol=1e-10), name

@@ -146,7 +146,7 @@ def update(cfg: RLConfig, start: Start, ctx, env: DistEnv, batch: Batch, advanta
     backward pass, each prompt run once; returns (the first pass's loss, its KL sum, its grad norm)."""
     G, groups = cfg.num_generations, batch.groups
     per = max(1, cfg.micro_batch_rows // G) if cfg.micro_batch_rows else len(groups)
-    chunks = [list(range(n, min(n + per, len(groups)))) for n in range(0, len(groups), per)]
+    chunks = length_chunks([g.tokens.size(1) for g in groups], per)
     old = [_logprobs(start.model, groups, c, ctx, no_grad=True) for c in chunks] if cfg.num_iterations > 1 else None
     ref = [_logprobs(start.reference, groups, c, ctx, no_grad=True) for c in chunks] if start.reference else None
     first = None
@@ -170,6 +170,19 @@ def update(cfg: RLConfig, start: Start, ctx, env: DistEnv, batch: Batch, advanta
             first = (float(sums[0]), float(sums[1]), norm)
     start.optimizer.zero_grad(set_to_none=True)
     return first
+
+
+def length_chunks(widths: list[int], per: int) -> list[list[int]]:
+    """The groups (by index) of each forward and backward pass: in order of their answers' width, at most `per` a
+    pass, and a new pass where a group's answers are more than twice as wide as the pass's first: a pass pads every
+    answer to its widest, so a few long answers (a spelt word) do not make all the short ones (a number) pay for
+    their length. The loss is a sum over groups, so the passes change nothing but the order of the additions."""
+    chunks: list[list[int]] = []
+    for i in sorted(range(len(widths)), key=lambda i: (widths[i], i)):
+        if not chunks or len(chunks[-1]) == per or widths[i] > 2 * widths[chunks[-1][0]]:
+            chunks.append([])
+        chunks[-1].append(i)
+    return chunks
 
 
 def _logprobs(model, groups: list[Group], chunk: list[int], ctx, no_grad: bool = False) -> list[torch.Tensor]:

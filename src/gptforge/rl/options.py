@@ -85,7 +85,8 @@ class RLConfig:
         1, "optimizer steps per sampled batch (more than 1: the clipped ratio applies)", positive
     )
     micro_batch_rows: int = setting(
-        0, "answers per forward and backward pass of the update, whole groups; 0 = the step's all at once",
+        0, "most answers per forward and backward pass of the update, whole groups; 0 = no limit (groups whose "
+        "answers differ more than 2x in length go in separate passes either way)",
         not_negative,
     )  # fmt: skip
     eval_interval: int = setting(
