@@ -57,11 +57,11 @@ n_embd = 32
 block_size = 64
 batch_size = 4
 gradient_accumulation_steps = 1
-max_iters = 12
-lr_decay_iters = 12
-eval_interval = 4
+max_iters = 400
+lr_decay_iters = 400
+eval_interval = 100
 eval_iters = 2
-log_interval = 1
+log_interval = 50
 device = "cpu"
 dtype = "float32"
 compile = false
@@ -74,11 +74,11 @@ task = "sft"
 block_size = 64
 batch_size = 4
 gradient_accumulation_steps = 1
-max_iters = 12
-lr_decay_iters = 12
-eval_interval = 4
+max_iters = 400
+lr_decay_iters = 400
+eval_interval = 100
 eval_iters = 2
-log_interval = 1
+log_interval = 50
 chat_eval_examples = 0
 device = "cpu"
 dtype = "float32"
@@ -95,12 +95,12 @@ dtype = "float32"
 [rl]
 init_from = "sft"
 kinds = "add3,count"
-max_steps = 4
+max_steps = 24
 prompts_per_step = 2
 num_generations = 2
 max_completion_length = 6
-ckpt_interval = 1
-eval_interval = 2
+ckpt_interval = 6
+eval_interval = 12
 eval_examples = 2
 learning_rate = 1e-2
 dtype = "float32"
@@ -192,12 +192,12 @@ def test_a_changed_middle_stage_runs_it_and_the_later_stages_only(whole, tmp_pat
     shutil.copytree(whole.parent, tmp_path / "copy")
     recipe = tmp_path / "copy" / "recipe.toml"
     pretrain = model_state(tmp_path / "copy" / "out" / "pretrain")
-    r = pipeline(recipe, "--sft.max_iters=8", "--sft.lr_decay_iters=8")
+    r = pipeline(recipe, "--sft.max_iters=300", "--sft.lr_decay_iters=300")
     assert r.returncode == 0, r.stderr
     assert ran(r.stdout) == ["sft", "eval_sft", "rl", "eval_rl", "export", "samples"]
     after = model_state(tmp_path / "copy" / "out" / "pretrain")
     assert all(torch.equal(pretrain[k], after[k]) for k in pretrain)
-    assert "step 8: done" in (tmp_path / "copy" / "out" / "logs" / "sft.log").read_text()
+    assert "step 300: done" in (tmp_path / "copy" / "out" / "logs" / "sft.log").read_text()
 
 
 def started(out: Path, stage: str) -> bool:
