@@ -23,7 +23,15 @@ import torch
 from chat_tools import ONE_THREAD
 from conftest import ROOT, SHAKESPEARE, need_shared, run_cli
 
-RECIPE = """
+TRAIN = """gradient_accumulation_steps = 1
+max_iters = 400
+lr_decay_iters = 400
+eval_interval = 100
+eval_iters = 2
+log_interval = 50
+"""  # both training stages: 400 steps, a checkpoint every 100 (room for the kill -9 test)
+RECIPE = (
+    """
 [pipeline]
 out_dir = "out"
 
@@ -56,13 +64,9 @@ n_head = 2
 n_embd = 32
 block_size = 64
 batch_size = 4
-gradient_accumulation_steps = 1
-max_iters = 400
-lr_decay_iters = 400
-eval_interval = 100
-eval_iters = 2
-log_interval = 50
-device = "cpu"
+"""
+    + TRAIN
+    + """device = "cpu"
 dtype = "float32"
 compile = false
 
@@ -73,13 +77,9 @@ init_from = "pretrain"
 task = "sft"
 block_size = 64
 batch_size = 4
-gradient_accumulation_steps = 1
-max_iters = 400
-lr_decay_iters = 400
-eval_interval = 100
-eval_iters = 2
-log_interval = 50
-chat_eval_examples = 0
+"""
+    + TRAIN
+    + """chat_eval_examples = 0
 device = "cpu"
 dtype = "float32"
 compile = false
@@ -124,6 +124,7 @@ max_new_tokens = 8
 tools = "none"
 dtype = "float32"
 """
+)
 STAGES = [
     *("text", "tokenizer", "pretrain_data", "chat_data", "pretrain", "sft"),
     *("eval_sft", "rl", "eval_rl", "export", "samples"),

@@ -65,9 +65,9 @@ def save_state(folder: str, state: dict[str, Any]) -> None:
 def plan(recipe: Recipe, state: dict[str, Any], folder: str) -> list[tuple[Stage, str, str]]:
     """[(stage, fingerprint, 'done' | 'resume' | 'run')]: done when it finished with the same fingerprint and its
     folder is there; resume when it started with the same fingerprint and its kind continues; else run."""
-    out = []
+    out, prints = [], fingerprints(recipe)
     for stage in recipe.stages:
-        fp, kept = fingerprints(recipe)[stage.name], state["stages"].get(stage.name, {})
+        fp, kept = prints[stage.name], state["stages"].get(stage.name, {})
         there = os.path.exists(os.path.join(folder, stage.folder))
         if kept.get("fingerprint") == fp and there and kept.get("done"):
             action = "done"
@@ -87,7 +87,8 @@ def shown(stage: Stage, recipe: Recipe) -> str:
 def run_pipeline(args: PipelineArgs) -> None:
     recipe = read_recipe(args.recipe, args.overrides, args.out_dir)
     folder = recipe.out_dir
-    steps = plan(recipe, load_state(folder), folder)
+    state = load_state(folder)
+    steps = plan(recipe, state, folder)
     print(f"pipeline {recipe.path} in {folder}/: {len(steps)} stages")
     for n, (stage, _, action) in enumerate(steps, 1):
         what = {"done": "done, will be skipped", "resume": "interrupted, will resume", "run": "will run"}[action]
@@ -95,7 +96,6 @@ def run_pipeline(args: PipelineArgs) -> None:
     if args.dry_run:
         return
     os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
-    state = load_state(folder)
     state["recipe"] = os.path.abspath(recipe.path)
     started, spent, expected = time.time(), 0.0, 0.0
     for n, (stage, fp, action) in enumerate(steps, 1):
