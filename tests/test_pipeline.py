@@ -201,6 +201,24 @@ def test_a_changed_middle_stage_runs_it_and_the_later_stages_only(whole, tmp_pat
     assert "step 300: done" in (tmp_path / "copy" / "out" / "logs" / "sft.log").read_text()
 
 
+def test_an_edited_file_changes_its_stage_and_the_later_ones_only(tmp_path, monkeypatch):
+    """Fingerprints (in-process): editing the RL stage's reward file or the text's file re-runs from that stage."""
+    from gptforge.pipeline.recipe import read_recipe
+    from gptforge.pipeline.run import fingerprints
+
+    monkeypatch.chdir(tmp_path)
+    Path("corpus.txt").write_text("To be, or not to be.\n" * 50)
+    Path("reward.py").write_text("def one(prompt, answer, example):\n    return 1.0\n")
+    text = RECIPE.replace("learning_rate = 1e-2\n", 'learning_rate = 1e-2\nreward = "reward.py:one"\n', 1)
+    Path("recipe.toml").write_text(text)
+    before = fingerprints(read_recipe("recipe.toml"))
+    Path("reward.py").write_text("def one(prompt, answer, example):\n    return 0.5\n")
+    after = fingerprints(read_recipe("recipe.toml"))
+    assert [s for s in STAGES if before[s] != after[s]] == ["rl", "eval_rl", "export", "samples"]
+    Path("corpus.txt").write_text("To be, or not to be?\n" * 50)
+    assert all(before[s] != v for s, v in fingerprints(read_recipe("recipe.toml")).items())
+
+
 def started(out: Path, stage: str) -> bool:
     """The stage is under way: a training stage once it has written a checkpoint, the others once begun."""
     if stage in ("pretrain", "sft", "rl"):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from chat_tools import ONE_THREAD, base_run, chat_run
+from chat_tools import MEMORISED, ONE_THREAD, SYSTEM, base_run, chat_run
 from conftest import run_cli
 
 REWARD = """
@@ -146,6 +146,7 @@ def test_two_processes_equal_one(inputs, tmp_path):
         ({"prompts_per_step": 0}, "--prompts_per_step must be a positive integer"),
         ({"max_step": 3}, "unknown key 'max_step'; did you mean max_steps"),
         ({"prompts": "{root}/nothing.jsonl"}, "--prompts={root}/nothing.jsonl: no such file"),
+        ({"eval_prompts": "{root}/nothing.jsonl"}, "--eval_prompts={root}/nothing.jsonl: no such file"),
     ],
 )
 def test_bad_inputs_exit_2_naming_the_flag_and_write_nothing(inputs, tmp_path, capsys, overrides, message):
@@ -169,6 +170,31 @@ def test_bad_inputs_exit_2_naming_the_flag_and_write_nothing(inputs, tmp_path, c
 def test_a_reward_failing_on_an_answer_stops_the_run_with_the_example(inputs, tmp_path, reward, said):
     r = run_cli(*args(inputs, tmp_path / "out", reward=f"{inputs / 'reward.py'}:{reward}"), env=ONE_THREAD)
     assert r.returncode == 2 and said in r.stderr and "scoring the answer" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_eval_prompts_are_answered_greedily_and_scored_by_the_reward(inputs, tmp_path):
+    """A held-out prompts file: the memorised model's greedy answers, scored by exact match: 3 of these 4 (a hand
+    count) before the first update; pass@G from sampled answers beside it."""
+    from gptforge.cli.main import main
+
+    held_out = [
+        {"messages": [{"role": "user", "content": "hi"}], "answer": MEMORISED["hi"]},
+        {"messages": [{"role": "user", "content": "what is 2+3?"}], "answer": MEMORISED["what is 2+3?"]},
+        {"messages": [{"role": "user", "content": "tell me a story"}], "answer": "not the story it knows"},
+        {
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}],
+            "answer": MEMORISED["hi"],
+        },
+    ]
+    (tmp_path / "held_out.jsonl").write_text("".join(json.dumps(p) + "\n" for p in held_out))
+    out = tmp_path / "out"
+    settings = {"reward": "", "eval_prompts": tmp_path / "held_out.jsonl", "max_steps": 1, "eval_interval": 1}
+    with pytest.raises(SystemExit) as done:
+        main(args(inputs, out, **settings, eval_pass_k=2, max_completion_length=40))
+    assert done.value.code == 0
+    first = next(r for r in records(out) if r["kind"] == "rl_eval")
+    assert first["step"] == 0 and first["pass_at_1"] == 0.75 and first["ended"] == 1.0
+    assert 0.0 <= first["sampled_pass_at_1"] <= first["pass_at_4"] <= 1.0
 
 
 def test_a_hugging_face_chat_folder_is_a_start_and_the_result_is_a_chat_run(inputs, tmp_path):

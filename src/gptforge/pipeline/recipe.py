@@ -91,7 +91,7 @@ def _apply(tables: dict[str, Any], overrides: dict[str, Any], path: str) -> None
 PATHS = {  # each kind's keys that hold paths (reward: FILE.py:FUNCTION)
     "text": ("shakespeare", "files"),
     "prepare_text": ("input_path",),
-    "rl": ("prompts", "reward"),
+    "rl": ("prompts", "eval_prompts", "reward"),
     "eval_hellaswag": ("hellaswag_path",),
 }
 

@@ -21,7 +21,7 @@ from gptforge.core.console import duration
 from gptforge.core.errors import UserError
 from gptforge.pipeline.kinds import KINDS, Stage
 from gptforge.pipeline.options import PipelineArgs
-from gptforge.pipeline.recipe import Recipe, read_recipe
+from gptforge.pipeline.recipe import PATHS, Recipe, read_recipe
 from gptforge.pipeline.report import write_report
 from gptforge.pipeline.stages import command, commands, finish, run_text
 
@@ -33,18 +33,27 @@ def fingerprints(recipe: Recipe) -> dict[str, str]:
     for s in recipe.stages:
         config = open(s.config, encoding="utf-8").read() if s.config else None
         settings = dict(s.settings)
-        if s.kind == "text":  # a text's content, wherever it lies
-            settings["files"] = [(os.path.basename(f), _digest(f)) for f in settings.get("files", [])]
-            settings["shakespeare"] = _digest(settings["shakespeare"]) if settings.get("shakespeare") else ""
+        for key in PATHS.get(s.kind, ()):  # a file's content, wherever it lies: an edited file re-runs its stage
+            if key in settings:
+                settings[key] = _content(settings[key])
         record = {"kind": s.kind, "settings": settings, "config": config, "name": s.name}
         record["inputs"] = {key: out[name] for key, name in sorted(s.inputs.items())}
         out[s.name] = hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return out
 
 
-def _digest(path: str) -> str:
+def _content(value: Any) -> Any:
+    """A path setting as its file's name and content hash (FILE.py:FUNCTION: the file's, and the function); a
+    folder, or a path not there yet, as given."""
+    if isinstance(value, list):
+        return [_content(v) for v in value]
+    if not isinstance(value, str) or not value:
+        return value
+    path, function = (value, "") if os.path.isfile(value) else (value.rpartition(":")[0], value.rpartition(":")[2])
+    if not os.path.isfile(path):
+        return value
     with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()[:16]
+        return [os.path.basename(path), hashlib.sha256(fh.read()).hexdigest()[:16], function]
 
 
 def load_state(folder: str) -> dict[str, Any]:

@@ -1,7 +1,9 @@
-"""Held-out evaluation during RL (rank 0): eval_examples problems per kind, never trained on, answered greedily, the
-same problems as `gptforge eval chat --kinds=KINDS --examples=N --seed=SEED --tools=none` (pass@1); and for the
-first eval_pass_k of each kind num_generations sampled answers at the run's temperature (pass@k: any right, and
-the sampled answers' mean)."""
+"""Held-out evaluation during RL (rank 0), never trained on, answered greedily: eval_examples problems per kind, the
+same problems as `gptforge eval chat --kinds=KINDS --examples=N --seed=SEED --tools=none` (pass@1); or the first
+eval_examples prompts of --eval_prompts, scored with the run's reward (pass@1: their mean reward). The first
+eval_pass_k of each kind (or of the file) also get num_generations sampled answers at the run's temperature
+(pass@k: any scored above 0, and the sampled answers' mean), each prompt from its own generator, the same draws at
+every evaluation."""
 
 from __future__ import annotations
 
@@ -13,39 +15,59 @@ from gptforge.chat.synthetic import generate
 from gptforge.core.distributed import DistEnv
 from gptforge.evaluate.chat import task_accuracy
 from gptforge.rl.options import RLConfig
-from gptforge.rl.rewards import exact_match, synthetic_prompts
-from gptforge.rl.rollout import sample_group
+from gptforge.rl.rewards import Prompt, score, synthetic_prompts
+from gptforge.rl.rollout import sample_groups
 from gptforge.rl.start import Start
 
 
 def evaluate(cfg: RLConfig, start: Start, ctx, env: DistEnv, step: int) -> dict[str, Any]:
-    """{'pass_at_1', 'pass_at_1_KIND'..., and with eval_pass_k: 'pass_at_k', 'sampled_pass_at_1'}; {} for a run on
-    a prompts file (its problems have no held-out split)."""
-    if cfg.prompts or not cfg.eval_examples:
+    """{'pass_at_1', 'pass_at_1_KIND'..., 'ended', and with eval_pass_k: 'pass_at_G', 'sampled_pass_at_1'}; {} for
+    a run on a prompts file without --eval_prompts (its problems have no held-out split)."""
+    if not cfg.eval_examples or (cfg.prompts and not cfg.eval_prompts):
         return {}
-    kinds = [k for k in cfg.kinds.split(",") if k]
-    problems = generate(cfg.eval_examples * len(kinds), cfg.seed, "held_out", kinds=kinds)
-    result = task_accuracy(start.model, start.tokenizer, problems, env.device, ctx, cfg.max_completion_length)
-    out: dict[str, Any] = {"pass_at_1": result["acc"], **{f"pass_at_1_{k}": result[f"acc_{k}"] for k in kinds}}
-    out["ended"] = result["ended"]
-    if cfg.eval_pass_k:
-        out.update(pass_at_k(cfg, start, ctx, env, kinds))
+    if start.source.held_out is not None:
+        prompts = start.source.held_out[: cfg.eval_examples]
+        answers = _answers(cfg, start, ctx, env, prompts, 1, temperature=0.0)
+        rewards = [
+            score(start.reward, p, start.tokenizer.decode(a[0][0])) for p, a in zip(prompts, answers, strict=True)
+        ]
+        out: dict[str, Any] = {"pass_at_1": sum(rewards) / len(prompts)}
+        out["ended"] = sum(bool(a[0][1]) for a in answers) / len(prompts)
+        head = prompts[: cfg.eval_pass_k]
+    else:
+        kinds = [k for k in cfg.kinds.split(",") if k]
+        problems = generate(cfg.eval_examples * len(kinds), cfg.seed, "held_out", kinds=kinds)
+        result = task_accuracy(start.model, start.tokenizer, problems, env.device, ctx, cfg.max_completion_length)
+        out = {"pass_at_1": result["acc"], **{f"pass_at_1_{k}": result[f"acc_{k}"] for k in kinds}}
+        out["ended"] = result["ended"]
+        head = synthetic_prompts(cfg.eval_pass_k * len(kinds), cfg.seed, "held_out", kinds)
+    if head:
+        out.update(pass_at_k(cfg, start, ctx, env, head))
     return out
 
 
-def pass_at_k(cfg: RLConfig, start: Start, ctx, env: DistEnv, kinds: list[str]) -> dict[str, float]:
-    n = cfg.eval_pass_k * len(kinds)
-    prompts = synthetic_prompts(n, cfg.seed, "held_out", kinds)
-    generator = torch.Generator(env.device).manual_seed(cfg.seed + 7)  # the same draws at every evaluation
-    any_right, right = 0, 0
-    for prompt in prompts:
-        group = sample_group(
-            start.model, start.prompt_ids(prompt.messages), cfg.num_generations, cfg.max_completion_length,
-            start.end, generator, cfg.temperature, cfg.top_k, ctx,
-        )  # fmt: skip
-        scores = [
-            exact_match([], start.tokenizer.decode(group.answer(i)), prompt.example) for i in range(len(group.ended))
-        ]
+def pass_at_k(cfg: RLConfig, start: Start, ctx, env: DistEnv, prompts: list[Prompt]) -> dict[str, float]:
+    """num_generations sampled answers to each prompt: the share of prompts with one scored above 0, and the mean."""
+    answers = _answers(cfg, start, ctx, env, prompts, cfg.num_generations, cfg.temperature)
+    any_right, total = 0, 0.0
+    for prompt, group in zip(prompts, answers, strict=True):
+        scores = [score(start.reward, prompt, start.tokenizer.decode(tokens)) for tokens, _ in group]
         any_right += max(scores) > 0
-        right += sum(scores)
-    return {f"pass_at_{cfg.num_generations}": any_right / n, "sampled_pass_at_1": right / (n * cfg.num_generations)}
+        total += sum(scores)
+    n = len(prompts)
+    return {f"pass_at_{cfg.num_generations}": any_right / n, "sampled_pass_at_1": total / (n * cfg.num_generations)}
+
+
+def _answers(cfg: RLConfig, start: Start, ctx, env: DistEnv, prompts: list[Prompt], group: int, temperature: float):
+    """Per prompt, `group` (answer tokens, ended) pairs, sampled together in batches of prompts_per_step prompts;
+    prompt i draws from a generator seeded by (seed, i), whatever else shares its batch."""
+    out = []
+    for first in range(0, len(prompts), cfg.prompts_per_step):
+        batch = prompts[first : first + cfg.prompts_per_step]
+        seeds = [(cfg.seed + 7) * 1_000_003 + first + i for i in range(len(batch))]
+        groups = sample_groups(
+            start.model, [start.prompt_ids(p.messages) for p in batch], group, cfg.max_completion_length, start.end,
+            [torch.Generator(env.device).manual_seed(s) for s in seeds], temperature, cfg.top_k, ctx, start.vocab,
+        )  # fmt: skip
+        out += [[(g.answer(r), bool(g.ended[r])) for r in range(group)] for g in groups]
+    return out

@@ -96,10 +96,20 @@ class RLConfig:
         section="evaluation and checkpoints",
     )
     eval_examples: int = setting(
-        50, "held-out problems per kind answered greedily (pass@1) at each evaluation", not_negative
+        50,
+        "held-out problems per kind (or of --eval_prompts, its first N) answered greedily (pass@1) at each "
+        "evaluation; 0 = none",
+        not_negative,
+    )
+    eval_prompts: str = setting(
+        "",
+        "a JSONL file of held-out prompts (the --prompts format) answered greedily and scored with the reward at "
+        "each evaluation, in place of the kinds' held-out problems",
     )
     eval_pass_k: int = setting(
-        0, "of those, how many per kind also get num_generations samples (pass@k); 0 = none", not_negative
+        0,
+        "of those, how many per kind (or of the file) also get num_generations samples (pass@k); 0 = none",
+        not_negative,
     )
     ckpt_interval: int = setting(10, "steps between checkpoints (ckpt.pt; a resume continues from the last)", positive)
     log_interval: int = setting(1, "steps between log lines", positive)

@@ -53,10 +53,11 @@ class PromptSource:
     what the uninterrupted one drew): synthetic problems from a seed derived from both, or the file's records in
     an order shuffled once per pass over the file."""
 
-    def __init__(self, kinds: str, path: str, seed: int):
+    def __init__(self, kinds: str, path: str, seed: int, held_out: str = ""):
         self.kinds, self.seed = [k for k in kinds.split(",") if k], seed
         self.records = read_prompts(path) if path else None
         self.words = None if path else pseudo_words()
+        self.held_out = read_prompts(held_out, "--eval_prompts") if held_out else None  # never trained on
 
     def step(self, step: int, n: int) -> list[Prompt]:
         if self.records is None:
@@ -69,12 +70,12 @@ class PromptSource:
         return out
 
 
-def read_prompts(path: str) -> list[Prompt]:
+def read_prompts(path: str, flag: str = "--prompts") -> list[Prompt]:
     """A JSONL file's prompts: each line an object with 'messages' (OpenAI's, ending with the user's turn) and
     the 'answer' the reward compares with (or whatever fields a reward of your own reads)."""
     if not os.path.isfile(path):
         raise UserError(
-            f"--prompts={path}: no such file; give a JSONL file, one {{'messages': [...], 'answer': ...}} a line"
+            f"{flag}={path}: no such file; give a JSONL file, one {{'messages': [...], 'answer': ...}} a line"
         )
     out = []
     with open(path, encoding="utf-8") as fh:
@@ -92,7 +93,7 @@ def read_prompts(path: str) -> list[Prompt]:
                 raise UserError(f"{path}:{n}: the last message must be the user's: the model answers it")
             out.append(Prompt(messages, {**record, "line": n}))
     if not out:
-        raise UserError(f"--prompts={path}: the file holds no prompts")
+        raise UserError(f"{flag}={path}: the file holds no prompts")
     return out
 
 

@@ -80,9 +80,11 @@ def begin(cfg: RLConfig, env: DistEnv) -> Start:
             f"multiple of {env.world_size}"
         )
     reward = load_reward(cfg.reward)
-    source = PromptSource(cfg.kinds, cfg.prompts, cfg.seed)
+    source = PromptSource(cfg.kinds, cfg.prompts, cfg.seed, cfg.eval_prompts)
     if source.records is not None:
         check_answers_given(reward, source.records, cfg.prompts)
+    if source.held_out is not None:
+        check_answers_given(reward, source.held_out, cfg.eval_prompts)
     resumed = os.path.isfile(os.path.join(cfg.out_dir, CKPT))
     model, tokenizer, ckpt = load_start(cfg, env)
     if resumed and "rl" not in ckpt:
@@ -145,13 +147,18 @@ def _reference(cfg: RLConfig, env: DistEnv, resumed: bool, model: GPT) -> GPT | 
 
 def check_prompts_fit(start: Start, cfg: RLConfig) -> None:
     """Every file prompt (or a first step's synthetic ones) leaves room for an answer in the context."""
-    prompts = start.source.records or start.source.step(0, cfg.prompts_per_step)
+    files = [(cfg.prompts, start.source.records), (cfg.eval_prompts, start.source.held_out)]
+    if start.source.records is None:
+        files[0] = ("", start.source.step(0, cfg.prompts_per_step))
     block = start.model.config.block_size
-    for p in prompts:
-        n = len(start.prompt_ids(p.messages))
-        if n >= block:
-            where = f"{cfg.prompts}:{p.example.get('line')}" if start.source.records else f"a {p.kind} prompt"
-            raise UserError(f"{where}: its {n} tokens leave no room for an answer in the model's {block}; shorten it")
+    for path, prompts in files:
+        for p in prompts or []:
+            n = len(start.prompt_ids(p.messages))
+            if n >= block:
+                where = f"{path}:{p.example.get('line')}" if path else f"a {p.kind} prompt"
+                raise UserError(
+                    f"{where}: its {n} tokens leave no room for an answer in the model's {block}; shorten it"
+                )
 
 
 def write_config(cfg: RLConfig) -> None:
