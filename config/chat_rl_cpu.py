@@ -3,7 +3,7 @@
 # keep (spell, system) at a small share so that they are not forgotten. Each step samples 8 answers to each of 32
 # training problems, rewards the exact ones and takes a policy-gradient step on the answers' tokens; every 500
 # steps 25 held-out problems per entry of `kinds` are answered greedily (the rl_eval record). About half an hour
-# on 2 cores.
+# on 2 cores (docs/RECIPES.md has the figures).
 #
 #   gptforge rl config/chat_rl_cpu.py
 #   gptforge eval chat --out_dir=out-chat-rl --kinds=count,sub,add,mul,add3,spell,recall,system --examples=400 \
@@ -11,9 +11,9 @@
 
 init_from = 'out-chat-sft'
 out_dir = 'out-chat-rl'
-kinds = 'count,sub,add,add,count,sub,add,spell,count,sub,add,add,count,sub,add,system'  # a step: 8, 8, 12, 2, 2
+kinds = 'add,sub,add,count,add,sub,add,spell,add,sub,count,add,sub,add,count,system'  # a step: 14, 8, 6, 2, 2
 
-max_steps = 1500
+max_steps = 1850
 prompts_per_step = 32
 num_generations = 8
 max_completion_length = 24  # the answers are a few digits, or a spelt word, and the end token
