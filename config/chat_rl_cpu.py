@@ -20,8 +20,8 @@ max_completion_length = 24  # the answers are a few digits, or a spelt word, and
 temperature = 1.0
 
 optimizer = 'muon'  # the blocks' matrices by Muon, as nanochat's RL; AdamW for the rest
-muon_lr = 2e-3
-learning_rate = 1e-4
+muon_lr = 3e-3
+learning_rate = 1.5e-4
 lr_schedule = 'linear'
 
 eval_interval = 500
