@@ -379,7 +379,7 @@ def test_chat_cpu_runs_rl_as_its_config_file_does():
 
     recipe = read_recipe("chat-cpu")
     ours = load_settings(RLConfig, command(recipe.stage("rl"), {s.name: s for s in recipe.stages})[1:], "rl")
-    theirs = load_settings(RLConfig, [str(ROOT / "config" / "chat_rl_cpu.py")], "rl")
+    theirs = load_settings(RLConfig, [str(ROOT / "config" / "chat_rl_calculator_cpu.py")], "rl")
     folders = {"out_dir", "init_from"}
     mine = {k: v for k, v in dataclasses.asdict(ours).items() if k not in folders}
     assert mine == {k: v for k, v in dataclasses.asdict(theirs).items() if k not in folders}

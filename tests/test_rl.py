@@ -13,7 +13,8 @@ from gptforge.core.config_file import load_settings
 from gptforge.core.errors import UserError
 from gptforge.rl.objective import STD_EPS, answer_logprobs, group_advantages, groups_logprobs, policy_loss
 from gptforge.rl.options import RLConfig
-from gptforge.rl.rollout import Group, sample_group, sample_groups
+from gptforge.rl.rollout import Group, sample_groups
+from rl_reference import sample_group
 
 
 def test_advantages_are_reward_minus_the_group_mean_and_optionally_over_its_std():
@@ -110,7 +111,7 @@ def test_a_bandit_learns_its_best_arm():
     prompt, best = [1, 2, 3], 7
     for step in range(40):
         generator = torch.Generator().manual_seed(step)
-        group = sample_group(model, prompt, 16, 1, end=15, generator=generator)
+        (group,) = sample_groups(model, [prompt], 16, 1, 15, [generator])
         rewards = (group.tokens[:, 0] == best).float()
         advantages = group_advantages(rewards, 16, scale=False)
         logp = answer_logprobs(model, group.sequences, len(prompt), 1)
@@ -125,7 +126,7 @@ def test_a_bandit_learns_its_best_arm():
 
 def test_a_group_stops_at_the_end_token_and_weights_what_was_written():
     model = tiny_model(vocab_size=16, block_size=16, seed=2)
-    group = sample_group(model, [1, 2], 8, 6, end=3, generator=torch.Generator().manual_seed(0))
+    (group,) = sample_groups(model, [[1, 2]], 8, 6, 3, [torch.Generator().manual_seed(0)])
     for row in range(8):
         tokens, weights = group.tokens[row].tolist(), group.weights[row].tolist()
         n = int(sum(weights))
@@ -139,8 +140,7 @@ def test_a_group_stops_at_the_end_token_and_weights_what_was_written():
 
 def test_sampling_is_the_same_for_the_same_generator_seed():
     model = tiny_model(vocab_size=16, block_size=16, seed=2)
-    a = sample_group(model, [1, 2], 4, 5, end=3, generator=torch.Generator().manual_seed(5), temperature=0.8)
-    b = sample_group(model, [1, 2], 4, 5, end=3, generator=torch.Generator().manual_seed(5), temperature=0.8)
+    a, b = (sample_groups(model, [[1, 2]], 4, 5, 3, [torch.Generator().manual_seed(5)], 0.8)[0] for _ in range(2))
     assert torch.equal(a.tokens, b.tokens)
 
 

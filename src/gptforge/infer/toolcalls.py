@@ -108,6 +108,27 @@ class CallWatcher:
         return call
 
 
+def scored_tokens(tokens: Sequence[int], special_ids: dict[str, int]) -> list[int]:
+    """The text tokens of an answer the engine ran calls in (sampled with a CallWatcher, the tool outputs fed in
+    its tokens): what follows its last tool output, the calls' and the outputs' tokens left out: the text
+    greedy_answer returns and `eval chat` scores."""
+    closing = {
+        special_ids["<|tool_call_start|>"]: special_ids["<|tool_call_end|>"],
+        special_ids["<|tool_output_start|>"]: special_ids["<|tool_output_end|>"],
+    }
+    text: list[int] = []
+    until = None  # inside a call or an output: the token that closes it
+    for token in tokens:
+        if until is not None:
+            if token == until:
+                until, text = None, []
+        elif token in closing:
+            until = closing[token]
+        else:
+            text.append(token)
+    return text
+
+
 @torch.no_grad()
 def greedy_answer(model, prompt: list[int], max_new_tokens: int, end: int, watcher: CallWatcher):
     """A greedy answer to `prompt` (one row, against a KV cache), its tool calls run as they close: (the tokens of

@@ -105,8 +105,10 @@ def rl_step(cfg: RLConfig, start: Start, ctx, env: DistEnv, step: int) -> dict[s
     sums = reduce_sum(torch.cat([tokens, rewards.sum().double().view(1)]), env)
     loss, kl, norm = update(cfg, start, ctx, env, batch, advantages, float(sums[0]))
     passed = rewards.view(-1, cfg.num_generations) > 0
+    called = sum(n > 0 for g in batch.groups for n in g.calls)
     counts = reduce_sum(
-        torch.tensor([passed.float().sum(), passed.any(1).float().sum(), len(batch.groups), batch.seconds]), env
+        torch.tensor([passed.float().sum(), passed.any(1).float().sum(), len(batch.groups), batch.seconds, called]),
+        env,
     )
     answers = counts[2] * cfg.num_generations
     return {
@@ -114,6 +116,7 @@ def rl_step(cfg: RLConfig, start: Start, ctx, env: DistEnv, step: int) -> dict[s
         "pass_at_1": float(counts[0] / answers),
         f"pass_at_{cfg.num_generations}": float(counts[1] / counts[2]),
         "answer_tokens": float(sums[0] / answers),
+        "tool_calls": float(counts[4] / answers),
         "loss": loss,
         "kl": kl / float(sums[0]),
         "grad_norm": norm,
@@ -130,12 +133,12 @@ def sample_batch(cfg: RLConfig, start: Start, ctx, env: DistEnv, step: int) -> B
     # a generator per prompt, seeded by (seed, step, prompt): the same answers on any number of processes
     generators = [torch.Generator(env.device).manual_seed((cfg.seed * 1_000_003 + step) * 100_003 + n) for n in mine]
     groups = sample_groups(
-        start.model, [start.prompt_ids(prompts[n].messages) for n in mine], cfg.num_generations,
-        cfg.max_completion_length, start.end, generators, cfg.temperature, cfg.top_k, ctx, start.vocab,
+        start.model, [start.prompt_ids(prompts[n]) for n in mine], cfg.num_generations, cfg.max_completion_length,
+        start.end, generators, cfg.temperature, cfg.top_k, ctx, start.vocab, start.watcher,
     )  # fmt: skip
     batch = Batch(groups)
     for n, group in zip(mine, groups, strict=True):
-        texts = [start.tokenizer.decode(group.answer(i)) for i in range(cfg.num_generations)]
+        texts = [start.answer_text(group.answer(i)) for i in range(cfg.num_generations)]
         batch.rewards += [score(start.reward, prompts[n], text) for text in texts]
     batch.seconds = time.perf_counter() - t0
     return batch

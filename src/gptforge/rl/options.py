@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from gptforge.chat.synthetic import ALL_KINDS
 from gptforge.core.settings import REQUIRED, below_one, not_negative, positive, setting
+from gptforge.infer.options import TOOL_CHOICES, TOOLS_HELP
 
 DTYPES = ("auto", "float32", "bfloat16")
 
@@ -59,6 +60,9 @@ class RLConfig:
     max_completion_length: int = setting(64, "most tokens an answer may have", positive)
     temperature: float = setting(1.0, "sampling temperature of the answers", not_negative)
     top_k: int = setting(0, "sample among the k likeliest tokens only; 0 = all", not_negative)
+    tools: str = setting(
+        "calculator", f"{TOOLS_HELP}; its output is fed to the answer and never trained on", choices=TOOL_CHOICES
+    )
     scale_rewards: str = setting(
         "none",
         "divide each advantage by its group's reward standard deviation ('group', "

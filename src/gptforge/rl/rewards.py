@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gptforge.chat.conversations import as_dict
-from gptforge.chat.synthetic import generate, pseudo_words
+from gptforge.chat.synthetic import TaskExample, generate, pseudo_words
 from gptforge.core.errors import UserError
 
 Reward = Callable[[list[dict[str, Any]], str, dict[str, Any]], float]
@@ -25,10 +25,11 @@ Reward = Callable[[list[dict[str, Any]], str, dict[str, Any]], float]
 @dataclass
 class Prompt:
     """A question to answer: the conversation up to it, and what the reward reads (`example`: the JSONL record, or
-    a synthetic problem's kind, key and answer)."""
+    a synthetic problem's kind, key and answer); `tools`: the functions it offers (a synthetic convert problem's)."""
 
     messages: list[dict[str, Any]]
     example: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -42,10 +43,13 @@ def exact_match(prompt: list[dict[str, Any]], answer: str, example: dict[str, An
 
 def synthetic_prompts(n: int, seed: int, split: str, kinds: list[str], words: list[str] | None = None) -> list[Prompt]:
     """n problems of the synthetic kinds in turn (chat/synthetic.py; the same arguments, the same problems)."""
-    examples = generate(n, seed, split, kinds=kinds, words=words or pseudo_words())
-    return [
-        Prompt([as_dict(m) for m in e.prompt], {"kind": e.kind, "key": e.key, "answer": e.answer}) for e in examples
-    ]
+    return [as_prompt(e) for e in generate(n, seed, split, kinds=kinds, words=words or pseudo_words())]
+
+
+def as_prompt(example: TaskExample) -> Prompt:
+    """A synthetic problem as a prompt: its conversation, the functions it offers, its kind, key and answer."""
+    fields = {"kind": example.kind, "key": example.key, "answer": example.answer}
+    return Prompt([as_dict(m) for m in example.prompt], fields, list(example.tools))
 
 
 class PromptSource:

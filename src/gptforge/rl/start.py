@@ -19,16 +19,18 @@ from typing import Any
 import torch
 
 from gptforge.chat.render import chat_special_ids, render_prompt
+from gptforge.chat.tools import EXAMPLE_FUNCTIONS
 from gptforge.core.cpu import half_pays
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
 from gptforge.core.files import CKPT, atomic_write, remove_stale_temporaries
 from gptforge.core.shape import MODEL_ARGS
 from gptforge.infer.chat_model import ANSWER_END, is_chat_model
+from gptforge.infer.toolcalls import CallWatcher, builtin_tools, scored_tokens
 from gptforge.model.gpt import GPT
 from gptforge.model.optim import MuonSettings, configure_optimizer
 from gptforge.rl.options import RLConfig
-from gptforge.rl.rewards import PromptSource, Reward, check_answers_given, load_reward, score
+from gptforge.rl.rewards import Prompt, PromptSource, Reward, check_answers_given, load_reward, score
 from gptforge.weights.checkpoint import FORMAT_VERSION, save_checkpoint
 from gptforge.weights.load import load_checkpoint_model, load_model
 
@@ -58,6 +60,7 @@ class Start:
     base: dict[str, Any]
     source: PromptSource
     reward: Reward
+    tools: frozenset[str] = frozenset()  # the built-in tools the engine runs while the model answers
 
     @property
     def end(self) -> int:
@@ -68,8 +71,18 @@ class Start:
         """Answers draw ids below it: the tokenizer's and its chat tokens', never the embedding's padding rows."""
         return max(self.tokenizer.vocab_size, *(i + 1 for i in self.special_ids.values()))
 
-    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return render_prompt(messages, self.tokenizer, self.special_ids)
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        return render_prompt(prompt.messages, self.tokenizer, self.special_ids, tools=prompt.tools)
+
+    def watcher(self) -> CallWatcher:
+        """A row's tool-call watcher, as `eval chat`'s: the built-in tools on, the synthetic functions run here."""
+        runners = {name: run for name, (_, run) in EXAMPLE_FUNCTIONS.items()}
+        decode, encode = self.tokenizer.decode, self.tokenizer.encode
+        return CallWatcher(self.special_ids, decode, encode, self.tools, runners=runners)
+
+    def answer_text(self, tokens: list[int]) -> str:
+        """What the reward reads of an answer: its text after the last tool output (eval chat's rule)."""
+        return self.tokenizer.decode(scored_tokens(tokens, self.special_ids))
 
 
 def begin(cfg: RLConfig, env: DistEnv) -> Start:
@@ -109,7 +122,8 @@ def begin(cfg: RLConfig, env: DistEnv) -> Start:
         env.say(f"resuming the RL run in {cfg.out_dir} at step {step} (of {cfg.max_steps})")
     reference = _reference(cfg, env, resumed, model)
     base = {k: v for k, v in ckpt.items() if k not in NOT_SAVED}
-    start = Start(model, optimizer, reference, tokenizer, chat_special_ids(tokenizer), step, base, source, reward)
+    ids = chat_special_ids(tokenizer)
+    start = Start(model, optimizer, reference, tokenizer, ids, step, base, source, reward, builtin_tools(cfg.tools))
     check_prompts_fit(start, cfg)
     first = (source.records or source.step(0, 1))[0]
     score(reward, first, "")  # a reward that fails on every answer fails here, before anything is written
@@ -147,13 +161,12 @@ def _reference(cfg: RLConfig, env: DistEnv, resumed: bool, model: GPT) -> GPT | 
 
 def check_prompts_fit(start: Start, cfg: RLConfig) -> None:
     """Every file prompt (or a first step's synthetic ones) leaves room for an answer in the context."""
-    files = [(cfg.prompts, start.source.records), (cfg.eval_prompts, start.source.held_out)]
-    if start.source.records is None:
-        files[0] = ("", start.source.step(0, cfg.prompts_per_step))
+    first = start.source.records or start.source.step(0, cfg.prompts_per_step)
+    files = [(cfg.prompts, first), (cfg.eval_prompts, start.source.held_out)]
     block = start.model.config.block_size
     for path, prompts in files:
         for p in prompts or []:
-            n = len(start.prompt_ids(p.messages))
+            n = len(start.prompt_ids(p))
             if n >= block:
                 where = f"{path}:{p.example.get('line')}" if path else f"a {p.kind} prompt"
                 raise UserError(
