@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 # Tiny Shakespeare: the offline copy in ../shared when present, else `gptforge prepare` downloads it.
 SHAKESPEARE ?= $(wildcard $(SHARED)/tinyshakespeare/input.txt)
 
-.PHONY: demo chat test install lint chromium clean
+.PHONY: demo chat test install lint chromium golang clean
 
 # the demo needs gptforge alone (torch, numpy, tiktoken, tqdm, rustbpe); the tests also need the [test] extra
 $(BIN)/gptforge: pyproject.toml
@@ -42,7 +42,11 @@ lint: $(VENV)/.test-extra
 chromium:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
-test: lint chromium $(VENV)/.test-extra
+# Go's text/template checks the Ollama Modelfile's template (Ollama itself does not install from the registries).
+golang:
+	command -v go >/dev/null || (apt-get update && apt-get install -y golang-go)
+
+test: lint chromium golang $(VENV)/.test-extra
 	$(BIN)/python -m pytest --durations=15  # the slowest tests named: where CI time goes on each CPU kind
 
 clean:
