@@ -112,6 +112,18 @@ def base_run(folder: Path, block_size: int = 64, tokenizer: dict | None = None, 
     return write_run(folder, tiny_model(vocab_size, block_size), spec, chat=False)
 
 
+def gpt2_chat_hf_tokenizer(folder: Path):
+    """GPT-2's tokenizer saved as a Hugging Face folder with the chat tokens and template added, loaded back by
+    AutoTokenizer (the tokenizer `gptforge export` gives a GPT-2 chat model)."""
+    transformers = pytest.importorskip("transformers")
+    from gptforge.chat.template import add_chat_tokens_to_hf_folder
+    from gptforge.tokenizer.gpt2 import GPT2Tokenizer
+
+    GPT2Tokenizer().save(str(folder))
+    add_chat_tokens_to_hf_folder(str(folder))
+    return transformers.AutoTokenizer.from_pretrained(str(folder))
+
+
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models run fastest on one thread, and far faster than on two when other work keeps the cores busy

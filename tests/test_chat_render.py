@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from chat_tools import gpt2_chat_hf_tokenizer
 from gptforge.chat.conversations import Conversation, Message
 from gptforge.chat.render import TooLong, chat_special_ids, encode, render, render_prompt
 from gptforge.chat.template import CHAT_TEMPLATE, add_chat_tokens_to_hf_folder, chat_generation_config
@@ -165,13 +166,7 @@ def random_conversation(rng: random.Random) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    from gptforge.tokenizer.gpt2 import GPT2Tokenizer
-
-    folder = tmp_path_factory.mktemp("gpt2-chat")
-    GPT2Tokenizer().save(str(folder))
-    add_chat_tokens_to_hf_folder(str(folder))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    tokenizer = gpt2_chat_hf_tokenizer(tmp_path_factory.mktemp("gpt2-chat"))
     assert tokenizer.is_fast, "return_assistant_tokens_mask needs token offsets: a fast tokenizer"
     return tokenizer
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from chat_tools import base_run, memorise, tiny_model, write_run
+from chat_tools import base_run, memorise, one_thread, tiny_model, write_run  # noqa: F401  (one_thread: a fixture)
 from conftest import run_cli
-from gptforge.chat.render import chat_special_ids, render
+from gptforge.chat.render import chat_special_ids, render, render_prompt
 from gptforge.chat.synthetic import generate
 from gptforge.tokenizer.spec import from_spec
 
@@ -60,3 +60,37 @@ def test_bad_options_exit_2(memorised_run, args, message):
 def test_a_base_model_is_refused(tmp_path, tiktoken_cache):
     r = run_cli("eval", "chat", f"--out_dir={base_run(tmp_path / 'base')}", "--device=cpu")
     assert r.returncode == 2 and "is a base model: eval chat needs a chat model" in r.stderr
+
+
+@pytest.mark.parametrize("trained", [True, False], ids=["memorised", "random"])
+def test_batched_answers_equal_one_prompt_at_a_time(trained):
+    """eval chat answers all its problems through the serving engine's continuous batching: each answer (its scored
+    tokens, whether it ended, its calls) equals the one-row engine's on the same prompt, with the calculator and the
+    synthetic functions run and without tools, with answers that end, that run to max_new_tokens and that reach the
+    context's end."""
+    from eval_reference import one_row_answer
+    from gptforge.chat.tools import EXAMPLE_FUNCTIONS
+    from gptforge.evaluate.chat import greedy_answers
+    from gptforge.infer.chat_model import in_memory
+    from gptforge.infer.toolcalls import CallWatcher
+    from gptforge.tokenizer.specials import role_tokens
+
+    tok = from_spec({"tokenizer": "gpt2"})
+    special = chat_special_ids(tok)
+    problems = generate(12, 5, "held_out", kinds=["mul", "convert", "spell", "count"], tools="calculator")
+    rows = [render(p.conversation(), tok, special) for p in problems[:6]]
+    model = tiny_model(block_size=192, seed=3)
+    model = memorise(model, rows, steps=300) if trained else model
+    lm = in_memory(model, tok, "cpu", "float32", "m", chat=True)
+    prompts = [render_prompt(p.prompt, tok, special, tools=p.tools) for p in problems]
+    runners = {name: run for name, (_, run) in EXAMPLE_FUNCTIONS.items()}
+    end = special[role_tokens("assistant")[1]]
+    long = 128 if trained else 48  # a random model's answers never end: they run to the limit or the context's end
+    for tools, limit in ((frozenset({"calculator"}), long), (None, long), (frozenset({"calculator"}), 9)):
+        batched = greedy_answers(lm, prompts, limit, tools)
+        for prompt, got in zip(prompts, batched, strict=True):
+            watcher = None if tools is None else CallWatcher(special, tok.decode, tok.encode, tools, runners=runners)
+            room = min(limit, lm.block_size - len(prompt))
+            assert got == one_row_answer(model, prompt, room, lm.stop_ids, end, lm.vocab, watcher)
+        if trained and limit == long:
+            assert sum(ended for _, ended, _ in batched) >= 6 and sum(calls for *_, calls in batched) >= 3 * bool(tools)

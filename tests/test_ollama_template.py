@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from chat_tools import gpt2_chat_hf_tokenizer
 from gptforge.chat.render import chat_special_ids, render_prompt
-from gptforge.chat.template import add_chat_tokens_to_hf_folder
 from gptforge.tokenizer.gpt2 import GPT2Tokenizer
 from gptforge.weights.gguf_vocab import gguf_vocab, modelfile
 
@@ -36,11 +36,7 @@ def ollama_template(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("gpt2-chat")
-    GPT2Tokenizer().save(str(folder))
-    add_chat_tokens_to_hf_folder(str(folder))
-    return transformers.AutoTokenizer.from_pretrained(str(folder))
+    return gpt2_chat_hf_tokenizer(tmp_path_factory.mktemp("gpt2-chat"))
 
 
 def conversations(n: int, seed: int) -> list[list[dict]]:

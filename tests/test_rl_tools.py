@@ -6,6 +6,7 @@ the last output, as `eval chat` scores it; a whole run counts the calls and the 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -35,10 +36,13 @@ def conversation(output: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def learned():
-    """A model that memorised the call and, on purpose, a wrong output after it: the engine's must replace it."""
+    """A model that memorised the call and, on purpose, a wrong output after it (the engine's must replace it);
+    its tokenizer, special ids, end token and the question's rendered prompt."""
     tok = from_spec({"tokenizer": "gpt2"})
-    model = memorise(tiny_model(block_size=128), [render(conversation("999"), tok, chat_special_ids(tok))], steps=200)
-    return model, tok
+    ids = chat_special_ids(tok)
+    model = memorise(tiny_model(block_size=128), [render(conversation("999"), tok, ids)], steps=200)
+    prompt = render_prompt(conversation("408")[:1], tok, ids)
+    return SimpleNamespace(model=model, tok=tok, ids=ids, end=ids[role_tokens("assistant")[1]], prompt=prompt)
 
 
 def watcher(tok, tools=frozenset({"calculator"})):
@@ -58,10 +62,7 @@ def test_scored_tokens_keep_the_text_after_the_last_tool_output():
 def test_a_sampled_call_is_run_and_the_row_equals_the_rendered_conversation(learned):
     """Greedy rows of two groups: the call, the calculator's 408 (not the memorised 999), the text, the end; the
     weights are the renderer's SFT mask: 0 on the tool's output, 1 on what the model wrote."""
-    model, tok = learned
-    ids = chat_special_ids(tok)
-    end = ids[role_tokens("assistant")[1]]
-    prompt = render_prompt(conversation("408")[:1], tok, ids)
+    model, tok, ids, end, prompt = learned.model, learned.tok, learned.ids, learned.end, learned.prompt
     full, mask = render(conversation("408"), tok, ids)
     expected = full[len(prompt) : full.index(end, len(prompt)) + 1]
     groups = sample_groups(
@@ -78,10 +79,7 @@ def test_a_sampled_call_is_run_and_the_row_equals_the_rendered_conversation(lear
 
 
 def test_the_tools_output_gets_no_gradient(learned):
-    model, tok = learned
-    ids = chat_special_ids(tok)
-    end = ids[role_tokens("assistant")[1]]
-    prompt = render_prompt(conversation("408")[:1], tok, ids)
+    model, tok, end, prompt = learned.model, learned.tok, learned.end, learned.prompt
     (group,) = sample_groups(model, [prompt], 2, 60, end, [torch.Generator().manual_seed(0)], 1.0, watch=watcher(tok))
     logp = groups_logprobs(model, [prompt], [group.tokens])[0].detach().requires_grad_()
     loss, _ = policy_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), group.weights, 10.0, 0.2, None, 0.0)
@@ -90,10 +88,7 @@ def test_the_tools_output_gets_no_gradient(learned):
 
 
 def test_tools_none_feeds_the_error_text(learned):
-    model, tok = learned
-    ids = chat_special_ids(tok)
-    end = ids[role_tokens("assistant")[1]]
-    prompt = render_prompt(conversation("408")[:1], tok, ids)
+    model, tok, ids, end, prompt = learned.model, learned.tok, learned.ids, learned.end, learned.prompt
     (group,) = sample_groups(
         model, [prompt], 2, 80, end, [torch.Generator().manual_seed(0)], 0.0, watch=watcher(tok, frozenset())
     )
@@ -106,14 +101,14 @@ def test_a_run_rewards_the_text_after_the_call_and_counts_the_policys_tokens(lea
     """One greedy step: every answer calls, is right, and writes the renderer's masked tokens (a hand count)."""
     from gptforge.rl.loop import rl
 
-    model, tok = learned
-    run = write_run(tmp_path / "sft", model, tok.spec(), chat=True)
+    tok = learned.tok
+    run = write_run(tmp_path / "sft", learned.model, tok.spec(), chat=True)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"messages": conversation("")[:1], "answer": "It is that."}) + "\n")
     settings = {"init_from": run, "out_dir": tmp_path / "out", "prompts": prompts, "max_steps": 1, "temperature": 0}
     settings.update(prompts_per_step=1, num_generations=2, max_completion_length=60, device="cpu", dtype="float32")
     rl(load_settings(RLConfig, [f"--{k}={v}" for k, v in settings.items()], "rl"))
     record = next(json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").open() if '"kind": "rl"' in x)
-    full, mask = render(conversation("408"), tok, chat_special_ids(tok))
+    full, mask = render(conversation("408"), tok, learned.ids)
     assert (record["reward"], record["tool_calls"]) == (1.0, 1.0)
     assert record["answer_tokens"] == sum(mask)

@@ -6,16 +6,20 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from gptforge.chat.render import chat_special_ids, render_prompt
+from gptforge.chat.render import render_prompt
 from gptforge.chat.synthetic import ALL_KINDS, KINDS, generate, score
 from gptforge.chat.tools import EXAMPLE_FUNCTIONS
 from gptforge.core.distributed import DistEnv
-from gptforge.infer.engine import generate as generate_tokens
-from gptforge.infer.toolcalls import CallWatcher, builtin_tools, greedy_answer
+from gptforge.infer.batcher import Batcher, Request
+from gptforge.infer.chat_model import in_memory
+from gptforge.infer.function_calling import ToolPlan
+from gptforge.infer.sampling import SamplingParams
+from gptforge.infer.toolcalls import CallWatcher, builtin_tools, scored_tokens
 from gptforge.model.cache import evaluating
 from gptforge.tokenizer.spec import from_spec, tokenizer_spec
 from gptforge.tokenizer.specials import role_tokens
@@ -34,7 +38,6 @@ def chat_task(examples: int, env: DistEnv, meta: dict[str, Any]) -> Callable[...
     return functools.partial(task_accuracy, tokenizer=tokenizer, examples=problems, device=env.device, tools=runs)
 
 
-@torch.no_grad()
 def task_accuracy(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -49,45 +52,76 @@ def task_accuracy(
     assistant's end token (rather than running to max_new_tokens or the context's end). tools: the built-in tools
     the engine runs (infer/toolcalls.py; the text after the last tool output is scored, and the share of answers
     that called a tool is counted per kind); None: plain generation, no calls watched."""
-    special_ids = chat_special_ids(tokenizer)
-    end = special_ids[role_tokens("assistant")[1]]
+    lm = in_memory(model, tokenizer, device, "float32", "eval", chat=True)  # float32: ctx, the caller's, applies
+    prompts = [render_prompt(e.prompt, tokenizer, lm.special_ids, tools=e.tools) for e in examples]
+    fits = [i for i, p in enumerate(prompts) if len(p) < lm.block_size]  # a prompt that fills the context scores 0
+    with evaluating(model), ctx or contextlib.nullcontext():
+        written = greedy_answers(lm, [prompts[i] for i in fits], max_new_tokens, tools, bar)
+    answers = dict(zip(fits, written, strict=True))
     right: dict[str, list[bool]] = {}
     called: dict[str, list[bool]] = {}
-    ended = 0
-    with evaluating(model):
-        for example in examples:
-            prompt = render_prompt(example.prompt, tokenizer, special_ids, tools=example.tools)
-            room = model.config.block_size - len(prompt)
-            if room <= 0:
-                right.setdefault(example.kind, []).append(False)
-                called.setdefault(example.kind, []).append(False)
-                continue
-            with ctx or contextlib.nullcontext():
-                answer, done, calls = _answer(model, tokenizer, prompt, min(max_new_tokens, room), end, device, tools)
-            ended += done
-            right.setdefault(example.kind, []).append(score(example, tokenizer.decode(answer)))
-            called.setdefault(example.kind, []).append(calls > 0)
-            if bar is not None:
-                bar.update(1)
+    for i, example in enumerate(examples):
+        answer, _, calls = answers.get(i, (None, False, 0))
+        right.setdefault(example.kind, []).append(answer is not None and score(example, tokenizer.decode(answer)))
+        called.setdefault(example.kind, []).append(calls > 0)
     result: dict[str, Any] = {"acc": sum(sum(v) for v in right.values()) / len(examples), "n": len(examples)}
     result.update({f"acc_{k}": sum(v) / len(v) for k in ALL_KINDS if (v := right.get(k))})
     if tools is not None:
         result.update({f"calls_{k}": sum(v) / len(v) for k in ALL_KINDS if (v := called.get(k))})
-    result["ended"] = ended / len(examples)
+    result["ended"] = sum(a[1] for a in answers.values()) / len(examples)
     return result
 
 
-def _answer(model, tokenizer, prompt, max_new_tokens, end, device, tools) -> tuple[list[int], bool, int]:
-    """(the answer's scored tokens, whether it ended with `end`, how many tool calls it made)."""
-    if tools is None:
-        idx = torch.tensor([prompt], device=device)
-        out = generate_tokens(model, idx, max_new_tokens, temperature=0, stop_token=end)
-        answer = out[0, len(prompt) :].tolist()
-        return (answer[: answer.index(end)] if end in answer else answer), end in answer, 0
-    runners = {name: run for name, (_, run) in EXAMPLE_FUNCTIONS.items()}  # the synthetic functions: run here
-    watcher = CallWatcher(chat_special_ids(tokenizer), tokenizer.decode, tokenizer.encode, tools, runners=runners)
-    text, done = greedy_answer(model, prompt, max_new_tokens, end, watcher)
-    return text, done, len(watcher.calls)
+@dataclass
+class _RunHere(ToolPlan):
+    """eval chat plays the client: the engine runs the synthetic tasks' functions (convert_length) as its own."""
+
+    watchers: list[CallWatcher] = field(default_factory=list)
+
+    def watcher(self, lm, builtins):
+        watcher = super().watcher(lm, builtins)
+        watcher.runners = {name: run for name, (_, run) in EXAMPLE_FUNCTIONS.items()}
+        self.watchers.append(watcher)
+        return watcher
+
+
+@torch.no_grad()
+def greedy_answers(lm, prompts: list[list[int]], max_new_tokens: int, tools: frozenset[str] | None, bar=None):
+    """Each prompt's greedy answer, the prompts batched by the serving engine (infer/batcher.py; up to 64 rows a
+    step): (its scored tokens: with tools, the text after the last call, without, all it wrote; whether it ended
+    with the assistant's end token; how many calls it made). max_new_tokens counts what the model writes, calls
+    included (not the tools' outputs). Run under the caller's autocast."""
+    end = lm.special_ids[role_tokens("assistant")[1]]
+    batcher = Batcher(lm, max_batch=max(1, min(64, len(prompts))), thread=False, tools=tools or frozenset())
+    tokens: list[list[int]] = [[] for _ in prompts]
+    ended = [False] * len(prompts)
+    plans = [_RunHere() if tools is not None else None for _ in prompts]
+    failed: list[str] = []
+
+    def emit(i: int, event) -> None:
+        if event.kind == "token" and event.token is not None:
+            tokens[i].append(event.token)
+        elif event.kind == "done":
+            ended[i] = event.finish == "stop" and event.choice is not None and event.choice.token == end
+            if bar is not None:
+                bar.update(1)
+        elif event.kind == "error":
+            failed.append(event.text)
+
+    for i, prompt in enumerate(prompts):
+        room = lm.block_size - len(prompt)
+        params = SamplingParams(temperature=0.0)
+        request = Request([prompt], params, min(max_new_tokens, room), functools.partial(emit, i), plan=plans[i])
+        batcher.submit(request)
+    batcher.close()
+    batcher.run()
+    if failed:
+        raise RuntimeError(failed[0])
+    out = []
+    for i, plan in enumerate(plans):
+        scored = scored_tokens(tokens[i], lm.special_ids) if plan is not None else tokens[i]
+        out.append((scored, ended[i], sum(len(w.calls) for w in plan.watchers) if plan is not None else 0))
+    return out
 
 
 def eval_chat(

@@ -139,12 +139,17 @@ def load_for_inference(
     model, tokenizer, checkpoint = load_model(out_dir, ckpt, init_from, device)
     dtype = inference_dtype(dtype, device_type(device), model.config.n_embd)
     chat = is_chat_model(tokenizer, checkpoint, init_from)
+    return in_memory(model, tokenizer, device, dtype, name or model_name(out_dir, ckpt, init_from), chat)
+
+
+def in_memory(model: GPT, tokenizer: Any, device: str, dtype: str, name: str, chat: bool) -> LoadedModel:
+    """A model already loaded (or being trained) as chat, serve and eval chat talk to it: its chat tokens, the
+    tokens that end an answer, the ids it may draw."""
     special_ids = chat_special_ids(tokenizer) if chat else {}
     vocab = max([tokenizer.vocab_size, *(i + 1 for i in special_ids.values())])
     if chat:
         stop = {special_ids[ANSWER_END], special_ids[BOS], special_ids[role_tokens("user")[0]]}
     else:
         stop = {tokenizer.eot_token} if tokenizer.eot_token is not None else set()
-    name = name or model_name(out_dir, ckpt, init_from)
     vocab = min(vocab, model.config.vocab_size)
     return LoadedModel(model, tokenizer, device, dtype, name, chat, special_ids, frozenset(stop), vocab)

@@ -10,11 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from gptforge.chat.tools import BUILTIN, parse_call_text, run_tool
 from gptforge.core.errors import UserError
-from gptforge.infer.engine import Rows
 from gptforge.infer.options import TOOL_CHOICES
 
 
@@ -109,9 +106,9 @@ class CallWatcher:
 
 
 def scored_tokens(tokens: Sequence[int], special_ids: dict[str, int]) -> list[int]:
-    """The text tokens of an answer the engine ran calls in (sampled with a CallWatcher, the tool outputs fed in
-    its tokens): what follows its last tool output, the calls' and the outputs' tokens left out: the text
-    greedy_answer returns and `eval chat` scores."""
+    """The text tokens of an answer the engine ran calls in (watched by a CallWatcher; the tools' outputs fed among
+    its tokens or not): what follows its last call and that call's output, the calls' and the outputs' tokens left
+    out: the text `eval chat` and RL's reward score."""
     closing = {
         special_ids["<|tool_call_start|>"]: special_ids["<|tool_call_end|>"],
         special_ids["<|tool_output_start|>"]: special_ids["<|tool_output_end|>"],
@@ -127,28 +124,3 @@ def scored_tokens(tokens: Sequence[int], special_ids: dict[str, int]) -> list[in
         else:
             text.append(token)
     return text
-
-
-@torch.no_grad()
-def greedy_answer(model, prompt: list[int], max_new_tokens: int, end: int, watcher: CallWatcher):
-    """A greedy answer to `prompt` (one row, against a KV cache), its tool calls run as they close: (the tokens of
-    the text after the last tool output, whether the answer ended with `end`). `eval chat` scores that text."""
-    rows = Rows(model)
-    logits = rows.feed(torch.tensor([prompt], device=model.lm_head.weight.device))
-    text: list[int] = []
-    for _ in range(max_new_tokens):
-        token = int(logits[0].argmax())
-        if token == end:
-            return text, True
-        new = [token]
-        inside = watcher.in_call(token)
-        call = watcher.push(token)
-        if call is not None:
-            new += call.feed
-            text = []
-        elif not inside:
-            text.append(token)
-        if len(new) > rows.room:
-            break
-        logits = rows.feed(torch.tensor([new], device=logits.device))
-    return text, False
