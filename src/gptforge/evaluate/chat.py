@@ -48,10 +48,11 @@ def task_accuracy(
     bar: Any = None,
     tools: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """Exact match of greedy answers per task kind and overall, and the share of answers that ended with the
-    assistant's end token (rather than running to max_new_tokens or the context's end). tools: the built-in tools
-    the engine runs (infer/toolcalls.py; the text after the last tool output is scored, and the share of answers
-    that called a tool is counted per kind); None: plain generation, no calls watched."""
+    """Exact match of greedy answers per task kind and overall (greedy_answers: all the problems batched), and the
+    share of answers that ended with the assistant's end token (rather than running to max_new_tokens or the
+    context's end). tools: the built-in tools the engine runs (infer/toolcalls.py; the text after the last tool
+    output is scored, and the share of answers that called a tool is counted per kind); None: plain generation, no
+    calls watched."""
     lm = in_memory(model, tokenizer, device, "float32", "eval", chat=True)  # float32: ctx, the caller's, applies
     prompts = [render_prompt(e.prompt, tokenizer, lm.special_ids, tools=e.tools) for e in examples]
     fits = [i for i, p in enumerate(prompts) if len(p) < lm.block_size]  # a prompt that fills the context scores 0
@@ -72,6 +73,9 @@ def task_accuracy(
     return result
 
 
+CACHE_BYTES = 1 << 30  # the batched answers' KV cache at most: 64 rows of a small model, 13 of GPT-2 124M's
+
+
 @dataclass
 class _RunHere(ToolPlan):
     """eval chat plays the client: the engine runs the synthetic tasks' functions (convert_length) as its own."""
@@ -88,11 +92,15 @@ class _RunHere(ToolPlan):
 @torch.no_grad()
 def greedy_answers(lm, prompts: list[list[int]], max_new_tokens: int, tools: frozenset[str] | None, bar=None):
     """Each prompt's greedy answer, the prompts batched by the serving engine (infer/batcher.py; up to 64 rows a
-    step): (its scored tokens: with tools, the text after the last call, without, all it wrote; whether it ended
-    with the assistant's end token; how many calls it made). max_new_tokens counts what the model writes, calls
-    included (not the tools' outputs). Run under the caller's autocast."""
+    step, fewer where their cache would pass CACHE_BYTES): (its scored tokens: with tools, the text after the last
+    call, without, all it wrote; whether it ended with the assistant's end token; how many calls it made).
+    max_new_tokens counts what the model writes, calls included (not the tools' outputs). Run under the caller's
+    autocast."""
     end = lm.special_ids[role_tokens("assistant")[1]]
-    batcher = Batcher(lm, max_batch=max(1, min(64, len(prompts))), thread=False, tools=tools or frozenset())
+    config = lm.model.config
+    row_bytes = 2 * config.n_layer * lm.block_size * config.n_embd * 4  # a row's keys and values, float32 at most
+    rows = max(1, min(64, len(prompts), CACHE_BYTES // row_bytes))
+    batcher = Batcher(lm, max_batch=rows, thread=False, tools=tools or frozenset())
     tokens: list[list[int]] = [[] for _ in prompts]
     ended = [False] * len(prompts)
     plans = [_RunHere() if tools is not None else None for _ in prompts]
