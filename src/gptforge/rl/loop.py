@@ -133,17 +133,15 @@ def sample_batch(cfg: RLConfig, start: Start, ctx, env: DistEnv, step: int) -> B
     # a generator per prompt, seeded by (seed, step, prompt): the same answers on any number of processes
     generators = [torch.Generator(env.device).manual_seed((cfg.seed * 1_000_003 + step) * 100_003 + n) for n in mine]
     ids = [start.prompt_ids(prompts[n]) for n in mine]
-    batch = Batch([None] * len(mine))  # type: ignore[list-item]
+    sampled: dict[int, Group] = {}
     # prompts of like lengths sampled together: one long prompt (a function's schema) would widen every row's cache
     for bucket in length_chunks([len(p) for p in ids], len(ids)):
-        sampled = sample_groups(
+        sampled.update(zip(bucket, sample_groups(
             start.model, [ids[i] for i in bucket], cfg.num_generations, cfg.max_completion_length, start.end,
             [generators[i] for i in bucket], cfg.temperature, cfg.top_k, ctx, start.vocab, start.watcher,
-        )  # fmt: skip
-        for i, group in zip(bucket, sampled, strict=True):
-            batch.groups[i] = group
-    groups = batch.groups
-    for n, group in zip(mine, groups, strict=True):
+        ), strict=True))  # fmt: skip
+    batch = Batch([sampled[i] for i in range(len(mine))])
+    for n, group in zip(mine, batch.groups, strict=True):
         texts = [start.answer_text(group.answer(i)) for i in range(cfg.num_generations)]
         batch.rewards += [score(start.reward, prompts[n], text) for text in texts]
     batch.seconds = time.perf_counter() - t0
