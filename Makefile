@@ -46,8 +46,9 @@ chromium:
 golang:
 	command -v go >/dev/null || (apt-get update && apt-get install -y golang-go)
 
+# A worker per core (pytest-xdist), each test file on one worker (its module fixtures built once), one thread each.
 test: lint chromium golang $(VENV)/.test-extra
-	$(BIN)/python -m pytest --durations=15  # the slowest tests named: where CI time goes on each CPU kind
+	$(BIN)/python -m pytest -n auto --dist loadfile --durations=15  # the slowest tests: where CI time goes
 
 clean:
 	rm -rf $(VENV) out-shakespeare-char data/shakespeare_char .pytest_cache

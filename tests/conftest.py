@@ -19,6 +19,8 @@ TIKTOKEN_CACHE = SHARED / "tiktoken-cache"
 SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
 HELLASWAG_VAL = SHARED / "hellaswag" / "hellaswag_val.jsonl"
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs a worker per core: one thread each, or they oversubscribe
+    os.environ["OMP_NUM_THREADS"] = "1"
 if TIKTOKEN_CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
 
@@ -172,16 +174,29 @@ def train_in_process(*args) -> None:
 # Environment variables that may be read when a module is imported or a runtime starts: a run whose environment
 # differs from the warm process's in one of these starts a fresh interpreter (warm_cli.py).
 IMPORT_TIME_VARIABLES = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "CUDA", "GLIBC_", "MALLOC_")
+# Set in this process's environment by what runs in it: core/allocator.py's malloc settings (train() does it) and
+# torch's inductor (its cache folder, on a compile). Not the test's: a CLI run starts without them, as from a shell.
+SET_IN_PROCESS = {"GLIBC_TUNABLES", "TORCHINDUCTOR_CACHE_DIR"}
 FRESH_CLI = os.environ.get("GPTFORGE_TEST_FRESH_CLI", "").strip() not in ("", "0")  # every run a new interpreter
 _START_ENV = dict(os.environ)
 _warm = []  # the warm_cli.WarmCli, once started
+
+
+def cli_env(env: dict | None = None) -> dict:
+    """The environment of a CLI run: this process's with `env` over it, less what runs in this process set."""
+    full_env = {**os.environ, **(env or {})}
+    for key in SET_IN_PROCESS.difference(env or {}):  # the session's value (or none), not what a run here set
+        full_env.pop(key, None)
+        if key in _START_ENV:
+            full_env[key] = _START_ENV[key]
+    return full_env
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
     """`python -m gptforge ARGS` in a real process of its own; returns the CompletedProcess (text). The process is
     forked from a warm one that has imported torch (warm_cli.py), or, where the environment differs in what an
     import may read (or GPTFORGE_TEST_FRESH_CLI=1), a new interpreter."""
-    full_env = {**os.environ, **(env or {})}
+    full_env = cli_env(env)
     argv = [str(arg) for arg in args]
     changed = {k for k in full_env.keys() | _START_ENV.keys() if full_env.get(k) != _START_ENV.get(k)}
     if FRESH_CLI or any(k.startswith(IMPORT_TIME_VARIABLES) for k in changed):

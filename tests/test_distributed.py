@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_train_args
+from conftest import run_cli, tiny_train_args
 from gptforge.weights.checkpoint import load_checkpoint
 from test_modern import ALL_ON
 
@@ -122,13 +122,7 @@ def test_ddp_training_leaves_no_gloo_thread_when_it_returns(char_data, tmp_path)
 
 def one_process(char_data, out_dir, options):
     """The same training as one plain process (one thread, like each torchrun rank); returns its out_dir."""
-    r = subprocess.run(
-        [sys.executable, "-m", "gptforge", "train", *tiny_train_args(char_data, out_dir, **options)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    r = run_cli("train", *tiny_train_args(char_data, out_dir, **options), timeout=240, env={"OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     return out_dir
 

@@ -8,7 +8,6 @@ task over Tiny Shakespeare."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -102,7 +101,7 @@ def work(tmp_path_factory) -> Path:
         (tasks / name).write_text(body)
     (tasks / "utils.py").write_text("from lm_eval.tasks.hellaswag.utils import process_docs  # lm-eval's own\n")
     prepare("shakespeare", data_dir=str(root / "data"), input_path=str(shakespeare))
-    shape = dict(dataset="shakespeare", block_size=256, batch_size=4, max_iters=30, eval_interval=30, eval_iters=2)
+    shape = dict(dataset="shakespeare", block_size=256, batch_size=4, max_iters=10, eval_interval=10, eval_iters=2)
     for run, switches in (("gpt2", {}), ("modern", {**ALL_ON, "zero_init": False, "optimizer": "muon"})):
         train_in_process(*tiny_train_args(root / "data", root / run, **shape, **switches))
         export_run(str(root / run), None, str(root / (run + "-hf")), "f16", force=False)
@@ -141,21 +140,36 @@ def ours(work: Path, run: str, tasks: str, *more: str) -> dict:
 
 
 def theirs(work: Path, run: str, tasks: str) -> dict:
-    """lm-eval's own command line, `--model hf`, on the run's export folder; its samples files by task, by doc_id."""
-    out = work / f"theirs-{run}-{tasks.replace(',', '-')}"
+    """lm-eval's own Hugging Face model (`--model hf`) on the run's export folder; its samples by task, by doc_id."""
+    args = f"pretrained={work / (run + '-hf')},dtype=float32"
+    return lm_evals_own(work, "hf", args, tasks, LIMIT, device="cpu", batch_size=4)
+
+
+# What lm-eval's command line runs (simple_evaluate), with a task manager that indexes the tasks' folder alone: its
+# own ~14,700 task files take seconds to index in every process, and none of them is evaluated here.
+LM_EVALS_OWN = """
+import json, sys
+import lm_eval
+from lm_eval.tasks import TaskManager
+a = json.loads(sys.argv[1])
+manager = TaskManager(include_path=a.pop("include_path"), include_defaults=False)
+r = lm_eval.simple_evaluate(task_manager=manager, log_samples=True, **a)
+samples = {task: {row["doc_id"]: row for row in rows} for task, rows in r["samples"].items()}
+print(json.dumps(samples, default=str))
+"""
+
+
+def lm_evals_own(work: Path, model: str, model_args: str, tasks: str, limit: int, env=None, **more) -> dict:
+    """lm-eval's own evaluation of `model` (its Python API, as its command line calls it, in a process of its own)
+    on the tasks in work/tasks: its samples by task, by doc_id (a row as its --log_samples files hold it)."""
+    a = dict(model=model, model_args=model_args, tasks=tasks.split(","), limit=limit, **more)
     r = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-         f"pretrained={work / (run + '-hf')},dtype=float32", "--device", "cpu", "--batch_size", "4",
-         "--tasks", tasks, "--include_path", str(work / "tasks"), "--limit", str(LIMIT), "--log_samples",
-         "--output_path", str(out)],
-        capture_output=True, text=True, cwd=work, timeout=600,
+        [sys.executable, "-c", LM_EVALS_OWN, json.dumps({**a, "include_path": str(work / "tasks")})],
+        capture_output=True, text=True, cwd=work, timeout=900, env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    found = {}
-    for task in tasks.split(","):
-        (samples,) = glob.glob(str(out / "**" / f"samples_{task}_*.jsonl"), recursive=True)
-        found[task] = {row["doc_id"]: row for row in map(json.loads, Path(samples).read_text().splitlines())}
-    return found
+    found = json.loads(r.stdout.splitlines()[-1])
+    return {task: {int(doc): row for doc, row in rows.items()} for task, rows in found.items()}
 
 
 def by_doc(results: dict, task: str) -> dict:
@@ -228,7 +242,8 @@ def test_lm_evals_python_api_takes_model_gptforge(work):
     code = (
         "import json, lm_eval; from lm_eval.tasks import TaskManager; import gptforge.evaluate.harness_model;"
         f"r = lm_eval.simple_evaluate(model='gptforge', model_args='ckpt={work / 'gpt2' / 'ckpt.pt'},device=cpu',"
-        f" tasks=['hellaswag_local'], limit=4, task_manager=TaskManager(include_path='{work / 'tasks'}'));"
+        f" tasks=['hellaswag_local'], limit=4,"
+        f" task_manager=TaskManager(include_path='{work / 'tasks'}', include_defaults=False));"
         "print(json.dumps(r['results']['hellaswag_local']['acc,none']))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=work, timeout=600)

@@ -5,17 +5,14 @@ task as `gptforge eval lm-eval` does on the same run, example for example; `loca
 
 from __future__ import annotations
 
-import glob
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from chat_tools import MEMORISED, ONE_THREAD, Server, base_run, chat_run
 from conftest import HELLASWAG_VAL, SHAKESPEARE, TIKTOKEN_CACHE, need_shared, run_cli
-from test_lm_eval import COMPLETION_YAML, GENERATION_YAML
+from test_lm_eval import COMPLETION_YAML, GENERATION_YAML, lm_evals_own
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("fastapi")
@@ -88,48 +85,12 @@ def ours(work: Path, run: str, tasks: str, *more: str) -> dict:
     return {task: {row["doc_id"]: row for row in rows} for task, rows in json.loads(out.read_text())["samples"].items()}
 
 
-def through_the_api(work: Path, model: str, model_args: str, tasks: str, *more: str) -> dict:
-    out = work / f"api-{model}"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lm_eval",
-            "--model",
-            model,
-            "--model_args",
-            model_args,
-            "--tasks",
-            tasks,
-            "--include_path",
-            str(work / "tasks"),
-            "--limit",
-            str(LIMIT),
-            "--log_samples",
-            "--output_path",
-            str(out),
-            *more,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=work,
-        timeout=900,
-        env={**__import__("os").environ, **ONE_THREAD},
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    found = {}
-    for task in tasks.split(","):
-        (samples,) = glob.glob(str(out / "**" / f"samples_{task}_*.jsonl"), recursive=True)
-        found[task] = {row["doc_id"]: row for row in map(json.loads, Path(samples).read_text().splitlines())}
-    return found
-
-
 def test_local_completions_through_serve_equal_gptforge_eval_lm_eval(work):
     tasks = "hellaswag_completion,shakespeare_continue"
     server = Server(f"--out_dir={work / 'base'}", "--name=base")
     try:
         args = f"base_url={server.url}/v1/completions,model=base,num_concurrent=2,max_length=256,max_retries=1"
-        api = through_the_api(work, "local-completions", args, tasks)
+        api = lm_evals_own(work, "local-completions", args, tasks, LIMIT, env=ONE_THREAD)
     finally:
         server.stop()
     assert "tokenizer_info" not in "".join(server.log)  # (no errors logged)
@@ -147,7 +108,9 @@ def test_local_chat_completions_with_the_chat_template_equal_gptforge_eval_lm_ev
     server = Server(f"--out_dir={work / 'chat'}", "--name=chat")
     try:
         args = f"base_url={server.url}/v1/chat/completions,model=chat,num_concurrent=1"
-        api = through_the_api(work, "local-chat-completions", args, "memorised_chat", "--apply_chat_template")
+        api = lm_evals_own(
+            work, "local-chat-completions", args, "memorised_chat", LIMIT, env=ONE_THREAD, apply_chat_template=True
+        )
     finally:
         server.stop()
     mine = ours(work, "chat", "memorised_chat", "--apply_chat_template")["memorised_chat"]

@@ -10,12 +10,13 @@ import sys
 import pytest
 import torch
 
-from conftest import run_cli, tiny_train_args
+from conftest import cli_env, run_cli, tiny_train_args
 from gptforge.weights.checkpoint import load_checkpoint
 
 
 def fresh(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "gptforge", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    argv = [sys.executable, "-m", "gptforge", *map(str, args)]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=cli_env())
 
 
 def steady(text: str) -> str:
