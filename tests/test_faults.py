@@ -134,7 +134,8 @@ def atomic_write(path, *args, **kwargs):
         yield fh
         folder = pathlib.Path(path).parent
         if pathlib.Path(path).name == "ckpt.pt" and (folder / "ARMED").exists():
-            (folder / "HOLDING").write_text(fh.name)
+            (folder / "HOLDING.part").write_text(fh.name)
+            os.replace(folder / "HOLDING.part", folder / "HOLDING")  # whole when the test sees it
             end = time.monotonic() + 120
             while time.monotonic() < end:  # until the test's second signal interrupts the write
                 time.sleep(0.01)
