@@ -97,9 +97,7 @@ def greedy_answers(lm, prompts: list[list[int]], max_new_tokens: int, tools: fro
     max_new_tokens counts what the model writes, calls included (not the tools' outputs). Run under the caller's
     autocast."""
     end = lm.special_ids[role_tokens("assistant")[1]]
-    config = lm.model.config
-    row_bytes = 2 * config.n_layer * lm.block_size * config.n_embd * 4  # a row's keys and values, float32 at most
-    rows = max(1, min(64, len(prompts), CACHE_BYTES // row_bytes))
+    rows = max(1, min(64, len(prompts), CACHE_BYTES // lm.cache_row_bytes))  # lm: float32, the most a row takes
     batcher = Batcher(lm, max_batch=rows, thread=False, tools=tools or frozenset())
     tokens: list[list[int]] = [[] for _ in prompts]
     ended = [False] * len(prompts)

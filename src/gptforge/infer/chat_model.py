@@ -45,6 +45,12 @@ class LoadedModel:
     def block_size(self) -> int:
         return self.model.config.block_size
 
+    @property
+    def cache_row_bytes(self) -> int:
+        """One row's keys and values in the KV cache, the whole context, in this model's dtype."""
+        c = self.model.config
+        return 2 * c.n_layer * c.block_size * c.n_embd * (4 if self.dtype == "float32" else 2)
+
     def autocast(self):
         return autocast_context(device_type(self.device), self.dtype)
 

@@ -61,8 +61,7 @@ def check_model_room(lm: LoadedModel, max_batch: int, max_tokens: int) -> None:
             f"--max_tokens={max_tokens} is more than the model's context ({lm.block_size} tokens), which ends every "
             f"answer: give at most {lm.block_size}, or 0 (the whole context)"
         )
-    c = lm.model.config
-    row = 2 * c.n_layer * c.block_size * c.n_embd * (4 if lm.dtype == "float32" else 2)  # keys and values
+    row = lm.cache_row_bytes
     available, where = available_memory(lm.device)
     if available is not None and row * max_batch > available:
         fits = int(available // row)
