@@ -14,6 +14,7 @@ from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.optim import configure_optimizer
 from gptforge.train import runstate
 from gptforge.weights import checkpoint as ck
+from gptforge.weights.load import checkpoint_model
 
 ARGS = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, bias=False, vocab_size=20)
 
@@ -48,8 +49,7 @@ def test_round_trip_with_weights_only(tmp_path):
     loaded = ck.load_checkpoint(path)
     assert loaded["iter_num"] == 3 and loaded["best_val_loss"] == 2.5 and loaded["config"]["dataset"] == "x"
     assert torch.load(path, weights_only=True)["model_args"] == ARGS  # plain torch can read it safely too
-    model2 = GPT(GPTConfig(**ARGS))
-    ck.load_model_state(model2, loaded["model"], path)
+    model2, _ = checkpoint_model(loaded, path)
     for (k, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
     opt2 = configure_optimizer(model2, 0.1, 1e-2, (0.9, 0.95), "cpu")
@@ -122,8 +122,7 @@ def test_nanogpt_checkpoint_loads_as_it_is(tmp_path):
     torch.save(nanogpt, path)
     loaded = ck.load_checkpoint(str(path))
     assert all(not k.startswith("_orig_mod.") for k in loaded["model"])
-    fresh = GPT(GPTConfig(**ARGS))
-    ck.load_model_state(fresh, loaded["model"], str(path))
+    fresh, _ = checkpoint_model(loaded, str(path))
     idx = torch.randint(0, 20, (2, 8))
     torch.testing.assert_close(fresh(idx, idx)[0], model(idx, idx)[0], rtol=0, atol=0)
     assert float(loaded["best_val_loss"]) == pytest.approx(1.4697)
@@ -146,9 +145,9 @@ def test_clean_state_dict_strips_prefixes_and_mask_buffers():
 
 def test_checkpoint_of_another_shape_is_named(tmp_path):
     model, _ = trained_pair()
-    other = GPT(GPTConfig(**{**ARGS, "n_embd": 32}))
+    other = {"model": model.state_dict(), "model_args": {**ARGS, "n_embd": 32}, "format_version": ck.FORMAT_VERSION}
     with pytest.raises(UserError, match=r"x.pt does not fit this model .*n_embd"):
-        ck.load_model_state(other, model.state_dict(), "x.pt")
+        checkpoint_model(other, "x.pt")
 
 
 def test_rng_capture_restores_every_generator():

@@ -214,7 +214,7 @@ def test_build_nanogpt_flags_train_a_wsd_run_whose_evaluations_state_perplexity(
     """build-nanogpt's flag names drive a real run; each step's lr is get_lr's wsd value; evals carry val_ppl."""
     import math
 
-    from gptforge.model.optim import get_lr
+    from gptforge.train.loop import get_lr
 
     ours = tiny_train_args(
         char_data,

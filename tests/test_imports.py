@@ -86,7 +86,7 @@ GROUPS = [
     ("evaluate.options", "evaluate.loss", "evaluate.chat", "evaluate.hellaswag", "evaluate.harness_model"),
     ("evaluate.harness",),
     ("train.metrics", "train.resume", "train.runstate", "train.checkpointer", "train.parallel"),
-    ("train.start", "train.setup", "train.loop"),
+    ("train.start", "train.resolve", "train.setup", "train.loop"),
     ("rl.options", "rl.rewards", "rl.rollout", "rl.objective", "rl.start", "rl.evaluate", "rl.loop"),  # RL on rewards
     ("bench.options", "bench.profile", "bench.speed", "bench.time_to_loss"),  # measurements of steps and whole runs
     # every stage in one command

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gptforge.model.gpt import GPT, GPTConfig
-from gptforge.model.optim import configure_optimizer, get_lr
+from gptforge.model.optim import configure_optimizer
+from gptforge.train.loop import get_lr
 
 SCHED = dict(learning_rate=1e-3, warmup_iters=100, lr_decay_iters=2000, min_lr=1e-4)
 

@@ -26,7 +26,7 @@ def test_residual_dropout_gives_the_bits_of_the_sum_it_replaces(dtype, monkeypat
 
     fused = loss_and_grads(model, idx, seed=2, bf16=dtype == torch.bfloat16)  # seed: the same masks each time
     assert len(calls) == 4  # two blocks, two connections each
-    monkeypatch.setattr(modules.Dropout, "add", lambda self, x, y: x + self(y))  # the sum, as before
+    monkeypatch.setattr(modules.Dropout, "add_to", lambda self, x, y: x + self(y))  # the sum, as before
     summed = loss_and_grads(model, idx, seed=2, bf16=dtype == torch.bfloat16)
     assert len(calls) == 4
     assert torch.equal(fused[0], summed[0])
@@ -51,14 +51,14 @@ def test_without_dropout_a_bf16_branch_is_added_in_one_pass_with_torchs_bits(mon
     g = torch.randn(70001, generator=gen)
     for dropout in (modules.Dropout(0.0), modules.Dropout(0.2).eval()):
         xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
-        out = dropout.add(xs, ys)
+        out = dropout.add_to(xs, ys)
         out.backward(g)
         xt, yt = x.clone().requires_grad_(), y.clone().requires_grad_()
         (xt + yt).backward(g)
         assert same_bits(out, xt + yt) and same_bits(xs.grad, xt.grad) and same_bits(ys.grad, yt.grad)
     assert len(calls) == 2
-    modules.Dropout(0.0).add(x, y.float())
-    modules.Dropout(0.0).add(x.double(), y.double())
+    modules.Dropout(0.0).add_to(x, y.float())
+    modules.Dropout(0.0).add_to(x.double(), y.double())
     assert len(calls) == 2
 
 

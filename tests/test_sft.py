@@ -224,7 +224,7 @@ def test_a_chat_dataset_given_to_pretraining_and_the_reverse_are_refused(chat_da
 
 
 def test_a_rotary_model_grown_past_its_block_size_computes_what_its_angles_say():
-    """SFT on rows longer than a rotary model's block_size grows its context (train/start.fit_context): the grown
+    """SFT on rows longer than a rotary model's block_size grows its context (train/start.fit_start): the grown
     model's logits, read from its longer cos / sin table, equal the original model's with the angles of the same
     positions computed directly, and within the old context its own. A learned position table only shrinks."""
     torch.manual_seed(0)

@@ -41,8 +41,8 @@ from gptforge.infer.engine import generate
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.model.optim import accumulate_gradients, configure_optimizer
 from gptforge.tokenizer.gpt2 import GPT2_VOCAB
+from gptforge.train.resolve import training_estimate
 from gptforge.train.setup import muon_settings
-from gptforge.train.start import training_estimate
 
 
 class RandomTokens:

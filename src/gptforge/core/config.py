@@ -23,7 +23,7 @@ from gptforge.core.shape import WAS, ModelShape, check_shape
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's, on the Hugging Face hub: 124M-1558M
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # --dtype: here and in every command running a model
-LR_SCHEDULES = ("cosine", "linear", "constant", "wsd")  # lr_schedule's values: model/optim.py's get_lr computes each
+LR_SCHEDULES = ("cosine", "linear", "constant", "wsd")  # lr_schedule's values: train/loop.py's get_lr computes each
 
 
 def _not_empty(value: str) -> str | None:

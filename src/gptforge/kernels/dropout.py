@@ -85,7 +85,7 @@ class MaskedScale(torch.autograd.Function):
 
 
 class ResidualDropout(torch.autograd.Function):
-    """x + dropout(y) by keep_mask.c (Dropout.add_to): keep_mask's mask from a seed drawn as it draws it, y's
+    """x + dropout(y) by cpu_kernels.c (Dropout.add_to): keep_mask's mask from a seed drawn as it draws it, y's
     masked values rounded to y's dtype as MaskedScale rounds them, added in float32; backward: x's gradient is the
     sum's, y's the sum's rounded to y's dtype (autograd's conversion), then masked and scaled. Keeps the mask."""
 
@@ -111,7 +111,7 @@ class ResidualDropout(torch.autograd.Function):
 
 
 def _add_kernel(x: torch.Tensor, y: torch.Tensor):  # noqa: ANN202 - a ctypes function or None
-    """keep_mask.c's float32 + bf16 sum for plain CPU tensors of one shape, outside torch.compile."""
+    """cpu_kernels.c's float32 + bf16 sum for plain CPU tensors of one shape, outside torch.compile."""
     if not (x.dtype == torch.float32 and y.dtype == torch.bfloat16 and x.shape == y.shape):
         return None
     native = cpu_kernels(x, y)
@@ -119,7 +119,7 @@ def _add_kernel(x: torch.Tensor, y: torch.Tensor):  # noqa: ANN202 - a ctypes fu
 
 
 class ResidualAdd(torch.autograd.Function):
-    """x + y, x float32 and y bf16, by keep_mask.c (Dropout.add_to without dropout): y's values read as they are,
+    """x + y, x float32 and y bf16, by cpu_kernels.c (Dropout.add_to without dropout): y's values read as they are,
     where torch's sum converts them into a float32 copy first; backward: x's gradient is the sum's, y's the sum's
     rounded to bf16 (autograd's conversion). torch's bits both ways."""
 
@@ -136,10 +136,10 @@ class ResidualAdd(torch.autograd.Function):
 
 
 class AddNorm(torch.autograd.Function):
-    """s = x + dropout(y) and h = LayerNorm(s) in bf16 by keep_mask.c in one pass over the rows (Dropout.add_norm):
-    ResidualDropout's mask and bits, then LayerNormToBf16's. Backward: s's whole gradient (its own, from the next
-    residual, plus the norm's: the sum autograd would take) is x's, and masked y's; the norm's weight and bias
-    gradients as LayerNormToBf16's. Keeps s, the mask and the rows' statistics."""
+    """s = x + dropout(y) and h = LayerNorm(s) in bf16 by cpu_kernels.c in one pass over the rows (Dropout.add_to
+    with norm_after): ResidualDropout's mask and bits, then LayerNormToBf16's. Backward: s's whole gradient (its
+    own, from the next residual, plus the norm's: the sum autograd would take) is x's, and masked y's; the norm's
+    weight and bias gradients as LayerNormToBf16's. Keeps s, the mask and the rows' statistics."""
 
     @staticmethod
     def forward(ctx, x, y, p, weight, bias, eps):  # noqa: ANN001, ANN205

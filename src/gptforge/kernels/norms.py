@@ -116,7 +116,7 @@ def _rms_back_kernel(grad: torch.Tensor, x: torch.Tensor):  # noqa: ANN202
 
 
 class LayerNormToBf16(torch.autograd.Function):
-    """LayerNorm of a float32 x (..., n) written in bf16 by keep_mask.c in one pass over each row, the rows' mean and
+    """LayerNorm of a float32 x (..., n) written in bf16 by cpu_kernels.c in one pass over each row, the rows' mean and
     1 / std kept for backward, which reads each row of the bf16 gradient once more: x's gradient in float32, the
     weight's and the bias's summed over chunks of rows, then the chunks' sums in order (the same bits on any number
     of threads)."""

@@ -89,7 +89,7 @@ def _rope_rms_kernels(x: torch.Tensor, cos: torch.Tensor):  # noqa: ANN202 - (fo
 
 
 class RotaryNorm(torch.autograd.Function):
-    """rotary_rms_norm by keep_mask.c: y = turn(x) r, r = 1 / sqrt(mean(x^2) + 1e-6) per row, in float32 with float32
+    """rotary_rms_norm by cpu_kernels.c: y = turn(x) r, r = 1 / sqrt(mean(x^2) + 1e-6) per row, in float32 with float32
     angles, rounded once into x's dtype; backward turns the gradient back and takes RMSNorm's gradient (x and r
     kept; the gradient is written in x's layout)."""
 

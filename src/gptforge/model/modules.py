@@ -47,12 +47,12 @@ class ReLU2(nn.Module):
 
 def residual(x: torch.Tensor, y: torch.Tensor, dropout: nn.Module) -> torch.Tensor:
     """x + dropout(y): a residual connection with dropout on its branch, the sum and the dropout taken together
-    (Dropout.add); for any other module (torch's own nn.Dropout), the plain sum."""
-    return dropout.add(x, y) if isinstance(dropout, Dropout) else x + dropout(y)
+    (Dropout.add_to); for any other module (torch's own nn.Dropout), the plain sum."""
+    return dropout.add_to(x, y) if isinstance(dropout, Dropout) else x + dropout(y)
 
 
 class Dropout(nn.Dropout):
-    """nn.Dropout, with `fast_dropout` on cheaper masks (kernels/dropout.py). `add(x, y)`: x + self(y), a residual
+    """nn.Dropout, with `fast_dropout` on cheaper masks (kernels/dropout.py). `add_to(x, y)`: x + self(y), a residual
     connection with this dropout on its branch, taken in one pass where a kernel has it; `norm_after`: the LayerNorm
     the sum goes through next, which that pass can compute too (set by GPT, not a submodule: no second name for it
     in the state_dict)."""
@@ -62,7 +62,7 @@ class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training, self.fast_dropout)
 
-    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         norm = self.__dict__.get("norm_after")
         then: Norm | None = (norm.weight, norm.bias, norm.eps) if isinstance(norm, LayerNorm) else None
         return residual_add(x, y, self.p, self.training, self.fast_dropout, then)

@@ -1,19 +1,16 @@
-"""AdamW with decoupled weight decay on matrices only, the learning-rate schedule, and gradient accumulation.
+"""AdamW with decoupled weight decay on matrices only (Muon for them where asked), and gradient accumulation; the
+learning-rate schedule that sets each step's rate is train/loop.py's get_lr.
 
 optimizer = configure_optimizer(model, weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95), device_type="cuda")
-lr = get_lr(it, learning_rate=6e-4, warmup_iters=2000, lr_decay_iters=600000, min_lr=6e-5)  # cosine
-lr = get_lr(it, 6e-4, 2000, 600000, 6e-5, schedule="wsd", decay_frac=0.2)  # warmup-stable-decay
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from gptforge.core.config import LR_SCHEDULES
 from gptforge.core.errors import UserError
 
 
@@ -110,52 +107,6 @@ def muon_group(matrices: dict[str, torch.Tensor], muon: MuonSettings, learning_r
 
 
 NORMUON_BETA2 = 0.95  # the NorMuon paper's running-mean factor for each neuron's squared update
-
-
-def get_lr(
-    it: int,
-    learning_rate: float,
-    warmup_iters: int,
-    lr_decay_iters: int,
-    min_lr: float,
-    decay_lr: bool = True,
-    schedule: str = "cosine",
-    decay_frac: float = 0.2,
-) -> float:
-    """Learning rate at optimizer step `it`: linear warmup, then `schedule`; min_lr from lr_decay_iters on.
-
-    Warmup (every schedule) reaches learning_rate * warmup_iters / (warmup_iters + 1) at its last step, never 0
-    at step 0. Then, until lr_decay_iters:
-      cosine    nanoGPT's: from learning_rate down to min_lr along half a cosine
-      linear    from learning_rate down to min_lr in a straight line
-      constant  learning_rate (also after lr_decay_iters: min_lr is not used)
-      wsd       warmup-stable-decay: learning_rate until step max(warmup_iters, (1 - decay_frac) * lr_decay_iters),
-                then a straight line down to min_lr (decay_frac 1 is `linear`; 0 drops to min_lr at lr_decay_iters)
-    decay_lr=False is nanoGPT's constant learning_rate from step 0, whatever the schedule.
-    """
-    if schedule not in LR_SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; expected one of {LR_SCHEDULES}")
-    if not 0.0 <= decay_frac <= 1.0:
-        raise ValueError(f"decay_frac must be in [0, 1], got {decay_frac}")
-    if not decay_lr:
-        return learning_rate
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    if schedule == "constant":
-        return learning_rate
-    if it >= lr_decay_iters:
-        return min_lr
-    start = warmup_iters  # where the decay starts; before it, the peak
-    if schedule == "wsd":
-        start = max(warmup_iters, (1.0 - decay_frac) * lr_decay_iters)
-        if it < start:
-            return learning_rate
-    ratio = (it - start) / (lr_decay_iters - start)  # 0 -> 1 across the decay; start <= it < lr_decay_iters
-    if schedule == "cosine":
-        coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
-    else:  # linear, and wsd's decay
-        coeff = 1.0 - ratio
-    return min_lr + coeff * (learning_rate - min_lr)
 
 
 def accumulate_gradients(model, batch, batches, accum: int, ctx, scaler, sync=None, rows: int | None = None):

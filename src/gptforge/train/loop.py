@@ -1,6 +1,7 @@
 """`gptforge train`: nanoGPT's train.py as a function of a TrainConfig, set up once (`setup`), then one loop
-(`train_loop`). On the README CPU recipe expect val loss ~1.88 after 2000 steps. docs/ARCHITECTURE.md has the
-loop's outline; SIGINT / SIGTERM finish the current step, write a checkpoint and return."""
+(`train_loop`) with its learning-rate schedule (`get_lr`). On the README CPU recipe expect val loss ~1.88 after
+2000 steps. docs/ARCHITECTURE.md has the loop's outline; SIGINT / SIGTERM finish the current step, write a
+checkpoint and return."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from gptforge.core.config import TrainConfig
+from gptforge.core.config import LR_SCHEDULES, TrainConfig
 from gptforge.core.distributed import (
     DistEnv,
     StopFlag,
@@ -23,7 +24,7 @@ from gptforge.core.distributed import (
 )
 from gptforge.core.errors import UserError
 from gptforge.evaluate.loss import estimate_chat_loss, estimate_loss
-from gptforge.model.optim import accumulate_gradients, get_lr
+from gptforge.model.optim import accumulate_gradients
 from gptforge.train.metrics import StepTimer
 from gptforge.train.resume import continue_command
 from gptforge.train.setup import Run, setup
@@ -163,6 +164,52 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
         cfg.lr_schedule,
         cfg.decay_frac,
     )
+
+
+def get_lr(
+    it: int,
+    learning_rate: float,
+    warmup_iters: int,
+    lr_decay_iters: int,
+    min_lr: float,
+    decay_lr: bool = True,
+    schedule: str = "cosine",
+    decay_frac: float = 0.2,
+) -> float:
+    """Learning rate at optimizer step `it`: linear warmup, then `schedule`; min_lr from lr_decay_iters on.
+
+    Warmup (every schedule) reaches learning_rate * warmup_iters / (warmup_iters + 1) at its last step, never 0
+    at step 0. Then, until lr_decay_iters:
+      cosine    nanoGPT's: from learning_rate down to min_lr along half a cosine
+      linear    from learning_rate down to min_lr in a straight line
+      constant  learning_rate (also after lr_decay_iters: min_lr is not used)
+      wsd       warmup-stable-decay: learning_rate until step max(warmup_iters, (1 - decay_frac) * lr_decay_iters),
+                then a straight line down to min_lr (decay_frac 1 is `linear`; 0 drops to min_lr at lr_decay_iters)
+    decay_lr=False is nanoGPT's constant learning_rate from step 0, whatever the schedule.
+    """
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {LR_SCHEDULES}")
+    if not 0.0 <= decay_frac <= 1.0:
+        raise ValueError(f"decay_frac must be in [0, 1], got {decay_frac}")
+    if not decay_lr:
+        return learning_rate
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if schedule == "constant":
+        return learning_rate
+    if it >= lr_decay_iters:
+        return min_lr
+    start = warmup_iters  # where the decay starts; before it, the peak
+    if schedule == "wsd":
+        start = max(warmup_iters, (1.0 - decay_frac) * lr_decay_iters)
+        if it < start:
+            return learning_rate
+    ratio = (it - start) / (lr_decay_iters - start)  # 0 -> 1 across the decay; start <= it < lr_decay_iters
+    if schedule == "cosine":
+        coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
+    else:  # linear, and wsd's decay
+        coeff = 1.0 - ratio
+    return min_lr + coeff * (learning_rate - min_lr)
 
 
 def due(step: int, interval: int, last: bool) -> bool:

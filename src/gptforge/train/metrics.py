@@ -342,23 +342,25 @@ class StepTimer:
         }
 
 
-def prepare_out_dir(cfg: TrainConfig) -> None:
-    """Create out_dir and write the resolved config.json."""
+def write_config(cfg: TrainConfig) -> None:
+    """The run's resolved settings as config.json, once everything is built (what a resume, the dashboard and
+    `gptforge sample` read), after the temporaries a run killed while writing a checkpoint left are removed."""
     try:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        remove_stale_temporaries(cfg.out_dir)  # left by a run killed while writing a checkpoint
+        remove_stale_temporaries(cfg.out_dir)
         with atomic_write(os.path.join(cfg.out_dir, CONFIG), "w", encoding="utf-8") as fh:
             json.dump(dataclasses.asdict(cfg), fh, indent=2)
             fh.write("\n")
     except OSError as e:
-        raise UserError(f"--out_dir={cfg.out_dir}: cannot write there ({e.strerror}); choose another folder") from None
+        raise unwritable(cfg.out_dir, e) from None
+
+
+def unwritable(out_dir: str, e: OSError) -> UserError:
+    return UserError(f"--out_dir={out_dir}: cannot write there ({e.strerror}); choose another folder")
 
 
 def open_outputs(cfg: TrainConfig, env: DistEnv, ckpt: dict[str, Any] | None) -> tuple[Metrics, contextlib.ExitStack]:
-    """The run folder with the resolved config.json (rank 0), then Metrics (console, files, wandb, TensorBoard)
-    and the dashboard, with what closes them. The first writes of a run: every input has been checked."""
-    if env.is_main:
-        prepare_out_dir(cfg)
+    """The run folder (rank 0), Metrics (console, files, wandb, TensorBoard) and the dashboard, with what closes
+    them: the first writes of a run, every input checked by now (config.json follows: write_config)."""
     wandb = None
     if cfg.wandb_log:
         wandb = dict(
@@ -368,14 +370,19 @@ def open_outputs(cfg: TrainConfig, env: DistEnv, ckpt: dict[str, Any] | None) ->
             id=ckpt.get("wandb_run_id") if ckpt else None,
         )
     with contextlib.ExitStack() as cleanup:
-        metrics = Metrics(
-            cfg.out_dir,
-            enabled=env.is_main,
-            resume_step=int(ckpt["iter_num"]) if ckpt else None,
-            wandb=wandb,
-            tensorboard=cfg.tensorboard_log,
-            continues=not cfg.eval_only,
-        )
+        try:
+            if env.is_main:
+                os.makedirs(cfg.out_dir, exist_ok=True)
+            metrics = Metrics(
+                cfg.out_dir,
+                enabled=env.is_main,
+                resume_step=int(ckpt["iter_num"]) if ckpt else None,
+                wandb=wandb,
+                tensorboard=cfg.tensorboard_log,
+                continues=not cfg.eval_only,
+            )
+        except OSError as e:
+            raise unwritable(cfg.out_dir, e) from None
         cleanup.enter_context(contextlib.closing(metrics))
         if cfg.dashboard and env.is_main:
             from gptforge.dashboard import start_dashboard  # standard library only: cheap to import

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,9 +15,9 @@ from typing import Any
 import torch
 
 from gptforge.core.allocator import keep_freed_memory
-from gptforge.core.config import FIELDS, MUON_ONLY, TrainConfig, loader_kind
-from gptforge.core.cpu import adopt_rates, cpu_product_rates, emulated_half_products, half_pays
-from gptforge.core.device import autocast_context, device_type, dtype_reason, peak_flops, resolve_device
+from gptforge.core.config import FIELDS, MUON_ONLY, TrainConfig
+from gptforge.core.cpu import adopt_rates, cpu_product_rates, half_pays
+from gptforge.core.device import autocast_context, device_type, peak_flops, resolve_device
 from gptforge.core.distributed import DistEnv, gather
 from gptforge.core.errors import UserError
 from gptforge.core.shape import SWITCHES
@@ -29,10 +30,11 @@ from gptforge.model.gpt import GPT
 from gptforge.model.optim import MuonSettings, configure_optimizer
 from gptforge.tokenizer.spec import tokenizer_spec
 from gptforge.train.checkpointer import Checkpointer
-from gptforge.train.metrics import Metrics, open_outputs
+from gptforge.train.metrics import Metrics, open_outputs, write_config
 from gptforge.train.parallel import compile_and_wrap, gradient_sync, place_model
+from gptforge.train.resolve import begin
 from gptforge.train.runstate import restore
-from gptforge.train.start import Start, begin
+from gptforge.train.start import Start
 
 
 @dataclass
@@ -98,8 +100,12 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
     torch.manual_seed(cfg.seed)  # every rank builds the same initial weights (FSDP keeps each rank's shard)
     folder = dataset_dir(cfg.data_dir, cfg.dataset)
     meta = read_meta(folder)
-    check_batch_warmup(cfg, meta)
-    given_dtype = cfg.dtype  # 'auto' or the user's: the header says why an automatic choice went as it did
+    if env.restart:
+        env.say(
+            f"torchrun restart {env.restart} (of --max-restarts={os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')})"
+        )
+    if cfg.resume == "auto" and cfg.init_from != "resume":
+        env.say(f"resume=auto: no checkpoint in {cfg.out_dir}; a new run (init_from={cfg.init_from})")
     if env.ddp and env.device_type == "cpu":  # every rank decides each 'auto' by rank 0's measured rates
         adopt_rates(gather(cpu_product_rates("bfloat16") if env.is_main else None, env)[0])
     begun = begin(cfg, env, meta)
@@ -117,42 +123,31 @@ def setup(cfg: TrainConfig, env: DistEnv) -> Run | None:
         env.say(told)
     data_state = batches.state_dict()  # the state that yields the batch below: what a resume must restore
     batch = batches.next_batch()  # (its token ids are checked against the vocabulary here, before any write)
-    hellaswag, chat_tasks, sampler = open_evaluators(cfg, env, meta)
+    hellaswag, chat_tasks, sampler, token_bytes = open_evaluators(cfg, env, meta, start.args["vocab_size"])
     metrics, cleanup = open_outputs(cfg, env, start.ckpt)  # every input is checked by now
     fixed = {"model_args": start.args, "tokenizer": tokenizer_spec(meta), "wandb_run_id": metrics.wandb_id}
     checkpointer = Checkpointer(cfg, env, model, optimizer, scaler, iter_num, fixed, metrics.info)
     run = Run(
-        cfg,
-        env,
-        compile_and_wrap(model, cfg, env, metrics),
-        model,
-        optimizer,
-        scaler,
-        batches,
-        eval_batches,
-        eval_iters,
-        hellaswag,
-        chat_tasks,
-        sampler,
-        metrics,
-        checkpointer,
-        cleanup,
-        batch,
-        data_state,
-        iter_num,
-        best_val_loss,
-        token_bytes=dataset_byte_table(meta, start.args["vocab_size"], env.device, env.say),
-    )
-    metrics.info(describe(run, start, malloc, given_dtype))
+        cfg, env, compile_and_wrap(model, cfg, env, metrics), model, optimizer, scaler, batches, eval_batches,
+        eval_iters, hellaswag, chat_tasks, sampler, metrics, checkpointer, cleanup, batch, data_state, iter_num,
+        best_val_loss, token_bytes=token_bytes,
+    )  # fmt: skip
+    metrics.info(describe(run, start, malloc))
+    if env.is_main:
+        write_config(cfg)
     return run
 
 
-def open_evaluators(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> tuple[Any, Any, Sampler | None]:
+def open_evaluators(
+    cfg: TrainConfig, env: DistEnv, meta: dict[str, Any], vocab_size: int
+) -> tuple[Any, Any, Sampler | None, torch.Tensor | None]:
     """What evaluates the model besides the val loss, each loaded (and checked) before training: HellaSwag, the
-    held-out synthetic tasks of SFT (rank 0, not under FSDP), the samples."""
+    held-out synthetic tasks of SFT (rank 0, not under FSDP), the samples; and the bytes of text per id that turn
+    the evaluations' losses into bits per byte."""
     hellaswag = None
     if cfg.hellaswag_interval > 0:
         hellaswag = hellaswag_task(cfg.hellaswag_path or None, cfg.hellaswag_limit or None, env, meta)
+    token_bytes = dataset_byte_table(meta, vocab_size, env.device, env.say)
     fsdp = env.fsdp(cfg.parallel)
     chat_tasks = chat_task(cfg.chat_eval_examples if cfg.task == "sft" and env.is_main and not fsdp else 0, env, meta)
     # a sharded model needs every rank in each forward pass, so under FSDP all ranks sample (rank 0 logs)
@@ -160,7 +155,7 @@ def open_evaluators(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> tup
     if cfg.sample_interval > 0 and (env.is_main or fsdp):
         given = cfg.sample_prompt != FIELDS["sample_prompt"].default
         sampler = Sampler(cfg.sample_prompt, cfg.num_samples, cfg.sample_tokens, meta, env, given)
-    return hellaswag, chat_tasks, sampler
+    return hellaswag, chat_tasks, sampler, token_bytes
 
 
 def check_accumulation(cfg: TrainConfig, env: DistEnv) -> None:
@@ -171,37 +166,23 @@ def check_accumulation(cfg: TrainConfig, env: DistEnv) -> None:
         )
 
 
-def check_batch_warmup(cfg: TrainConfig, meta: dict[str, Any]) -> None:
-    if cfg.batch_warmup_iters and loader_kind(meta, cfg.data_loader) == "chat":
-        raise UserError(
-            f"--batch_warmup_iters={cfg.batch_warmup_iters}: a chat dataset's rows are packed conversations whose "
-            "loss is weighted over the whole step; the batch warm-up is for pretraining data. Leave it at 0 here"
-        )
-
-
 def build_training(cfg: TrainConfig, env: DistEnv, model: GPT) -> tuple[torch.optim.Optimizer, Any]:
     """The model placed on its device (sharded under FSDP), then its optimizer and loss scaler."""
+    muon = muon_settings(cfg)
     if env.rank:
         torch.manual_seed(cfg.seed + env.rank)  # then each rank its own stream: batches and dropout differ
     place_model(model, env.device, env.fsdp(cfg.parallel))  # before the optimizer: it holds the (sharded) parameters
+    betas = (cfg.beta1, cfg.beta2)
     optimizer = configure_optimizer(
-        model,
-        cfg.weight_decay,
-        cfg.learning_rate,
-        (cfg.beta1, cfg.beta2),
-        env.device_type,
-        muon_settings(cfg),
-        cfg.embedding_lr_scale,
+        model, cfg.weight_decay, cfg.learning_rate, betas, env.device_type, muon, cfg.embedding_lr_scale
     )
     return optimizer, torch.amp.GradScaler(env.device_type, enabled=cfg.dtype == "float16")
 
 
-def describe(run: Run, start: Start, malloc: str, given_dtype: str) -> str:
+def describe(run: Run, start: Start, malloc: str) -> str:
     """The lines a run opens with: model, device and settings (an automatic dtype with what decided it), tokens per
     step, memory, the allocator; and a warning where this CPU runs the run's bf16 / fp16 products slowly."""
-    cfg, env = run.cfg, run.env
-    slow = emulated_half_products(cfg.dtype) if env.device_type == "cpu" else ""
-    why = dtype_reason(given_dtype, cfg.dtype, env.device_type, start.args["n_embd"], cfg.cpu_bf16_min_width)
+    cfg, env, why, slow = run.cfg, run.env, start.dtype_why, start.slow_products
     return (
         f"model: {run.raw_model.get_num_params() / 1e6:.2f}M parameters | device {env.device}, dtype {cfg.dtype}"
         f"{f' ({why})' if why else ''}, "

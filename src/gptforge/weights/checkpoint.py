@@ -154,18 +154,6 @@ def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], path: str) -> None:
-    """load_state_dict with a clear error naming the file when the shapes or names do not match."""
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        first = [line.strip() for line in str(e).splitlines() if line.strip()][1:3]
-        raise UserError(
-            f"{path} does not fit this model ({'; '.join(first)}): it was saved with other model settings "
-            "(n_layer, n_head, n_embd, block_size, vocab_size, bias)"
-        ) from None
-
-
 def checkpoint_path(out_dir: str, ckpt: str | None = None) -> str:
     """The checkpoint file to read: `ckpt` (--ckpt, e.g. out/model_05000.pt) when given, else <out_dir>/ckpt.pt."""
     if not ckpt:

@@ -11,16 +11,31 @@ from gptforge.core.errors import UserError
 from gptforge.data.loader import read_meta
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.tokenizer.spec import Tokenizer, folder_tokenizer, from_spec
-from gptforge.weights.checkpoint import checkpoint_model_args, checkpoint_path, load_checkpoint, load_model_state
+from gptforge.weights.checkpoint import checkpoint_model_args, checkpoint_path, load_checkpoint
 
 
 def load_checkpoint_model(path: str, device: str) -> tuple[GPT, Tokenizer, dict[str, Any]]:
     """A checkpoint file's model (eval mode, on `device`), its tokenizer, and the checkpoint itself."""
     ckpt = load_checkpoint(path, map_location="cpu")
-    model = GPT(GPTConfig(**checkpoint_model_args(ckpt, path), dropout=0.0))
-    load_model_state(model, ckpt["model"], path)
+    model, _ = checkpoint_model(ckpt, path)
     model.eval().to(device)
     return model, checkpoint_tokenizer(ckpt), ckpt
+
+
+def checkpoint_model(ckpt: dict[str, Any], path: str, dropout: float = 0.0) -> tuple[GPT, dict[str, Any]]:
+    """The GPT a loaded checkpoint (read from `path`) holds, with its weights, and its model_args; a clear error
+    naming the file when its weights' shapes or names do not fit the model its model_args describe."""
+    args = checkpoint_model_args(ckpt, path)
+    model = GPT(GPTConfig(**args, dropout=dropout))
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        first = [line.strip() for line in str(e).splitlines() if line.strip()][1:3]
+        raise UserError(
+            f"{path} does not fit this model ({'; '.join(first)}): it was saved with other model settings "
+            "(n_layer, n_head, n_embd, block_size, vocab_size, bias)"
+        ) from None
+    return model, args
 
 
 def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Tokenizer:
