@@ -46,10 +46,8 @@ def find_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start | 
         start = resumed_start(cfg, env, meta)
         if start is None:
             return None
-    elif os.path.isfile(os.path.join(cfg.init_from, CKPT)):
-        start = run_weights(cfg, env, meta)
     elif cfg.init_from != "scratch":
-        start = pretrained_start(cfg, meta)
+        start = weights_start(cfg, env, meta)
     else:
         start = Start(model_args(cfg, model_vocab_size(meta)))
     fit_start(cfg, env, meta, start)
@@ -76,21 +74,6 @@ def check_task(cfg: TrainConfig, meta: dict[str, Any]) -> None:
             f"--batch_warmup_iters={cfg.batch_warmup_iters}: a chat dataset's rows are packed conversations whose "
             "loss is weighted over the whole step; the batch warm-up is for pretraining data. Leave it at 0 here"
         )
-
-
-def run_weights(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start:
-    """Another run's weights (its folder's ckpt.pt) as a new run's start, e.g. SFT on a pretraining run: its shape
-    and tokenizer hold (its context as fit_start makes it); the optimizer starts fresh, the iteration count at 0."""
-    path = os.path.join(cfg.init_from, CKPT)
-    ckpt = load_checkpoint(path, map_location="cpu")
-    if ckpt.get("tokenizer") not in (None, tokenizer_spec(meta)):
-        raise UserError(
-            f"--init_from={cfg.init_from}: its model reads another vocabulary than dataset {cfg.dataset!r}; prepare "
-            "the data with the run's tokenizer"
-        )
-    model, args = checkpoint_model(ckpt, path, cfg.dropout)
-    env.say(f"weights from {path} (iter {ckpt.get('iter_num', '?')} of that run); the optimizer starts fresh")
-    return Start(args, model=model, source=path)
 
 
 def resumed_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start | None:
@@ -141,12 +124,24 @@ def resumed_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start
     return Start(checkpoint_model_args(ckpt, source), ckpt=ckpt, source=source)
 
 
-def pretrained_start(cfg: TrainConfig, meta: dict[str, Any]) -> Start:
-    """GPT-2's weights (a hub name or a local Hugging Face folder), or a NanoChat folder's, to fine-tune;
-    block_size cropped if smaller. The dataset must be tokenized as the weights read (GPT-2 BPE, or the
-    tokenizer an export's gptforge_tokenizer.json names)."""
+def weights_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start:
+    """Weights to fine-tune as a new run's start (the optimizer fresh, the iteration count at 0): another run's (its
+    folder's ckpt.pt, e.g. SFT on a pretraining run), GPT-2's (a hub name or a local Hugging Face folder), or a
+    NanoChat folder's; block_size cropped to --block_size if smaller (fit_start). The dataset must be tokenized as
+    the weights read (the run's tokenizer, GPT-2 BPE, or the one an export's gptforge_tokenizer.json names)."""
     from gptforge.weights.pretrained import load_pretrained
 
+    path = os.path.join(cfg.init_from, CKPT)
+    if os.path.isfile(path):
+        ckpt = load_checkpoint(path, map_location="cpu")
+        if ckpt.get("tokenizer") not in (None, tokenizer_spec(meta)):
+            raise UserError(
+                f"--init_from={cfg.init_from}: its model reads another vocabulary than dataset {cfg.dataset!r}; "
+                "prepare the data with the run's tokenizer"
+            )
+        model, args = checkpoint_model(ckpt, path, cfg.dropout)
+        env.say(f"weights from {path} (iter {ckpt.get('iter_num', '?')} of that run); the optimizer starts fresh")
+        return Start(args, model=model, source=path)
     reads = folder_tokenizer(cfg.init_from) if os.path.isdir(cfg.init_from) else GPT2Tokenizer()
     if reads.spec() != tokenizer_spec(meta):
         raise UserError(
