@@ -1,6 +1,7 @@
 """`setup(cfg, env) -> Run`: everything a training run needs, built and checked before the first step and before
-anything is written to out_dir (so a mistake leaves the run folder as it was): where it starts (train/start.py),
-the config resolved once, the model placed and wrapped, the optimizer, the batches, the evaluators and the sinks."""
+anything is written to out_dir (so a mistake leaves the run folder as it was): where it starts, the config resolved
+once and the model built (train/resolve.py's begin), the model placed and wrapped, the optimizer, the batches, the
+evaluators and the sinks; config.json last."""
 
 from __future__ import annotations
 
