@@ -22,8 +22,8 @@ from gptforge.rl.objective import group_advantages, groups_logprobs, policy_loss
 from gptforge.rl.options import RLConfig
 from gptforge.rl.rewards import score
 from gptforge.rl.rollout import Group, sample_groups
-from gptforge.rl.start import Start, begin, save, write_config
-from gptforge.train.metrics import Metrics
+from gptforge.rl.start import RL_CONFIG, Start, begin, save
+from gptforge.train.metrics import Metrics, write_config
 
 
 @dataclass
@@ -52,7 +52,7 @@ def _rl(cfg: RLConfig, env: DistEnv) -> dict[str, Any]:
     dtype = inference_dtype(cfg.dtype, env.device_type, start.model.config.n_embd)
     ctx = autocast_context(env.device_type, dtype)
     if env.is_main:
-        write_config(cfg)
+        write_config(cfg, RL_CONFIG)  # the first writes, after every check
     metrics = Metrics(cfg.out_dir, enabled=env.is_main, resume_step=start.step if start.step else None)
     env.say(
         f"RL from {cfg.init_from}: {start.model.get_num_params() / 1e6:.2f}M parameters, device {env.device}, dtype "

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from gptforge.chat.tools import EXAMPLE_FUNCTIONS
 from gptforge.core.cpu import half_pays
 from gptforge.core.distributed import DistEnv
 from gptforge.core.errors import UserError
-from gptforge.core.files import CKPT, atomic_write, remove_stale_temporaries
+from gptforge.core.files import CKPT
 from gptforge.core.shape import MODEL_ARGS
 from gptforge.infer.chat_model import ANSWER_END, is_chat_model
 from gptforge.infer.toolcalls import CallWatcher, builtin_tools, scored_tokens
@@ -172,18 +171,6 @@ def check_prompts_fit(start: Start, cfg: RLConfig) -> None:
                 raise UserError(
                     f"{where}: its {n} tokens leave no room for an answer in the model's {block}; shorten it"
                 )
-
-
-def write_config(cfg: RLConfig) -> None:
-    """The run folder and its rl_config.json: the first writes, after every check."""
-    try:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        remove_stale_temporaries(cfg.out_dir)
-        with atomic_write(os.path.join(cfg.out_dir, RL_CONFIG), "w", encoding="utf-8") as fh:
-            json.dump(dataclasses.asdict(cfg), fh, indent=2)
-            fh.write("\n")
-    except OSError as e:
-        raise UserError(f"--out_dir={cfg.out_dir}: cannot write there ({e.strerror}); choose another folder") from None
 
 
 def save(cfg: RLConfig, start: Start, step: int) -> None:

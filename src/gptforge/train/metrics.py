@@ -342,12 +342,14 @@ class StepTimer:
         }
 
 
-def write_config(cfg: TrainConfig) -> None:
-    """The run's resolved settings as config.json, once everything is built (what a resume, the dashboard and
-    `gptforge sample` read), after the temporaries a run killed while writing a checkpoint left are removed."""
+def write_config(cfg: Any, name: str = CONFIG) -> None:
+    """A run's resolved settings (a TrainConfig, or `gptforge rl`'s RLConfig with its own file name) as JSON in its
+    out_dir, once everything is built and checked, after the temporaries a run killed while writing a checkpoint
+    left are removed."""
     try:
+        os.makedirs(cfg.out_dir, exist_ok=True)
         remove_stale_temporaries(cfg.out_dir)
-        with atomic_write(os.path.join(cfg.out_dir, CONFIG), "w", encoding="utf-8") as fh:
+        with atomic_write(os.path.join(cfg.out_dir, name), "w", encoding="utf-8") as fh:
             json.dump(dataclasses.asdict(cfg), fh, indent=2)
             fh.write("\n")
     except OSError as e:
@@ -355,6 +357,7 @@ def write_config(cfg: TrainConfig) -> None:
 
 
 def unwritable(out_dir: str, e: OSError) -> UserError:
+    """The error for an out_dir that cannot be written (a file in its path, no permission, a full disk)."""
     return UserError(f"--out_dir={out_dir}: cannot write there ({e.strerror}); choose another folder")
 
 

@@ -86,15 +86,11 @@ def resumed_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start
         more = (
             "" if auto else "; raise --max_iters (and --lr_decay_iters) to train it on, or evaluate it with --eval_only"
         )
-        env.say(
-            "\n".join(
-                told
-                + [
-                    f"{prefix}the run in {cfg.out_dir} is finished (iter {ckpt['iter_num']} of max_iters "
-                    f"{cfg.max_iters}); nothing to do{more}"
-                ]
-            )
+        told.append(
+            f"{prefix}the run in {cfg.out_dir} is finished (iter {ckpt['iter_num']} of max_iters {cfg.max_iters}); "
+            f"nothing to do{more}"
         )
+        env.say("\n".join(told))
         return None
     saved = ckpt["config"] if "format_version" in ckpt else {}  # nanoGPT's: other keys
     saved_optimizer, saved_scale = saved.get("optimizer", "adamw"), saved.get("embedding_lr_scale", 1.0)
@@ -116,11 +112,13 @@ def resumed_start(cfg: TrainConfig, env: DistEnv, meta: dict[str, Any]) -> Start
             f"{source} was trained with another vocabulary than dataset {cfg.dataset!r} has; resume "
             "on the dataset the model was trained on (--dataset, --data_dir)"
         )
-    changes = {k: (saved[k], getattr(cfg, k)) for k in FIELDS if k in saved and k not in NOT_CHANGES}
-    shown = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items() if old != new)
+    changed = [k for k in FIELDS if k in saved and k not in NOT_CHANGES and saved[k] != getattr(cfg, k)]
     newest = " (the newest readable checkpoint)" if told or auto else ""
     told.append(f"{prefix}resuming {cfg.out_dir} from iter {ckpt['iter_num']} ({source}){newest}")
-    env.say("\n".join(told + ([f"changed from the run's config.json: {shown}"] if shown else [])))
+    if changed:
+        shown = ", ".join(f"{k} {saved[k]!r} -> {getattr(cfg, k)!r}" for k in changed)
+        told.append(f"changed from the run's config.json: {shown}")
+    env.say("\n".join(told))
     return Start(checkpoint_model_args(ckpt, source), ckpt=ckpt, source=source)
 
 
