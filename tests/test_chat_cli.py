@@ -61,6 +61,21 @@ class Terminal:
     def send(self, text: str) -> None:
         os.write(self.fd, text.encode())
 
+    def wait_for_a_key(self, timeout: float = 15) -> None:
+        """Until the program sleeps in a read or a wait on its terminal (its prompt's), so that a key pressed next
+        lands there rather than before the prompt reads (on a busy machine, that one is seen at the next key only).
+        Returns early where /proc does not say (another OS, no permission to read the program's system call)."""
+        waits = {"0", "7", "23", "270", "271"}  # x86-64's read, poll, select, pselect6, ppoll
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                call = Path(f"/proc/{self.pid}/syscall").read_text().split()[0]
+            except (OSError, IndexError):
+                return
+            if call in waits:
+                return
+            time.sleep(0.01)
+
     def wait(self, timeout: float = 60) -> int:
         status = self.exited(timeout)
         if status is None:
@@ -143,6 +158,7 @@ def test_ctrl_c_stops_the_answer_not_the_program(tmp_path, inherited):
     t.expect(r"\[stopped; the answer so far is kept")
     t.expect("you> ")
     for _ in range(6):  # at the prompt: a hint, not an exit
+        t.wait_for_a_key()
         t.send("\x03")  # (one that lands before readline waits for a key is seen at the next key: pressed again)
         with contextlib.suppress(AssertionError):
             t.expect(r"Ctrl-D leaves", timeout=15)

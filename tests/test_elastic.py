@@ -28,9 +28,9 @@ ELASTIC_RUN = dict(
     n_embd=128,
     n_head=4,
     block_size=64,
-    max_iters=60,
-    lr_decay_iters=60,
-    eval_interval=60,
+    max_iters=40,
+    lr_decay_iters=40,
+    eval_interval=40,
     ckpt_interval=10,
     keep_last=2,
     resume="auto",
@@ -110,10 +110,10 @@ def test_a_rank_killed_under_max_restarts_restarts_and_ends_as_an_uninterrupted_
     assert len(resumed_from) == 1 and f"from iter 20 ({killed / 'model_00020.pt'})" in resumed_from[0], output
     one, _ = losses(whole)
     two, _ = losses(killed)
-    assert len(one) == len(two) == 60
+    assert len(one) == len(two) == 40
     diff = max(abs(a - b) for a, b in zip(one, two, strict=True))
     a, b = load_checkpoint(str(whole / "ckpt.pt")), load_checkpoint(str(killed / "ckpt.pt"))
-    assert a["iter_num"] == b["iter_num"] == 60
+    assert a["iter_num"] == b["iter_num"] == 40
     weights = max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"])
     print(f"\nelastic: killed rank 1 (pid {victim}) at step {killed_at}, 1 restart, resumed from iter 20; "
           f"max |loss diff| {diff:.3g}, max |weight diff| {weights:.3g}, {seconds:.1f} s")  # fmt: skip

@@ -149,8 +149,9 @@ def theirs(work: Path, run: str, tasks: str) -> dict:
 # own ~14,700 task files take seconds to index in every process, and none of them is evaluated here.
 LM_EVALS_OWN = """
 import json, sys
-import lm_eval
+import lm_eval, lm_eval.evaluator
 from lm_eval.tasks import TaskManager
+lm_eval.evaluator.add_env_info = lambda results: None  # torch's collect_env (`pip list`, ~2 s), never compared here
 a = json.loads(sys.argv[1])
 manager = TaskManager(include_path=a.pop("include_path"), include_defaults=False)
 r = lm_eval.simple_evaluate(task_manager=manager, log_samples=True, **a)

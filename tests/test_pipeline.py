@@ -24,12 +24,12 @@ from chat_tools import ONE_THREAD
 from conftest import ROOT, SHAKESPEARE, need_shared, run_cli
 
 TRAIN = """gradient_accumulation_steps = 1
-max_iters = 400
-lr_decay_iters = 400
-eval_interval = 100
+max_iters = 200
+lr_decay_iters = 200
+eval_interval = 50
 eval_iters = 2
-log_interval = 50
-"""  # both training stages: 400 steps, a checkpoint every 100 (room for the kill -9 test)
+log_interval = 25
+"""  # both training stages: 200 steps, a checkpoint every 50 (room for the kill -9 test)
 RECIPE = (
     """
 [pipeline]
@@ -193,12 +193,12 @@ def test_a_changed_middle_stage_runs_it_and_the_later_stages_only(whole, tmp_pat
     shutil.copytree(whole.parent, tmp_path / "copy")
     recipe = tmp_path / "copy" / "recipe.toml"
     pretrain = model_state(tmp_path / "copy" / "out" / "pretrain")
-    r = pipeline(recipe, "--sft.max_iters=300", "--sft.lr_decay_iters=300")
+    r = pipeline(recipe, "--sft.max_iters=150", "--sft.lr_decay_iters=150")
     assert r.returncode == 0, r.stderr
     assert ran(r.stdout) == ["sft", "eval_sft", "rl", "eval_rl", "export", "samples"]
     after = model_state(tmp_path / "copy" / "out" / "pretrain")
     assert all(torch.equal(pretrain[k], after[k]) for k in pretrain)
-    assert "step 300: done" in (tmp_path / "copy" / "out" / "logs" / "sft.log").read_text()
+    assert "step 150: done" in (tmp_path / "copy" / "out" / "logs" / "sft.log").read_text()
 
 
 def test_an_edited_file_changes_its_stage_and_the_later_ones_only(tmp_path, monkeypatch):

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch._inductor.config
 
 from gptforge.core.console import log
 from gptforge.core.errors import UserError
@@ -71,8 +70,11 @@ class DecodeStep:
     cache of the same shape (a chat's, the server's slots)."""
 
     def __init__(self, model: GPT):
+        import torch._inductor.config  # here, not at the top: a second to import, which eager decoding never needs
+
         self.model = model
         self.compiled = torch.compile(self._run)
+        self.inductor_config = torch._inductor.config
 
     def _run(self, tokens, lengths, ks, vs):
         return decode_logits(self.model, tokens, lengths, ks, vs)
@@ -83,7 +85,7 @@ class DecodeStep:
             torch._dynamo.mark_dynamic(lengths, 0)
         # Freezing: the weights become constants of the graph, packed once for the CPU's matrix kernels (inference
         # only: the weights must not change afterwards). Read when a graph is compiled, inside this call (~16 us).
-        with torch._inductor.config.patch(freezing=True):
+        with self.inductor_config.patch(freezing=True):
             return self.compiled(tokens, lengths, ks, vs)
 
 
