@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -135,10 +136,10 @@ def _raw_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _sharded(model: torch.nn.Module) -> bool:
-    """Whether the GPT is sharded with FSDP (fully_shard), so that each forward needs every rank."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(_raw_model(model), FSDPModule)
+    """Whether the GPT is sharded with FSDP (fully_shard), so that each forward needs every rank. Only a process that
+    has imported FSDP can hold a sharded model: one that has not is not made to (over a second of CPU)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(_raw_model(model), fsdp.FSDPModule)
 
 
 Rendered = tuple[torch.Tensor, torch.Tensor, int]  # render_example's (tokens (4, L), mask (4, L), label)

@@ -19,6 +19,7 @@ from gptforge.core.shape import SWITCHES
 from gptforge.model.gpt import GPT, GPTConfig
 from gptforge.tokenizer.spec import Tokenizer, from_spec
 from gptforge.weights.gguf_vocab import GGUFVocab, gguf_chat_template, gguf_vocab, modelfile
+from gptforge.weights.pretrained import meta_gpt
 
 FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # llama.cpp's LlamaFileType (MOSTLY_*)
 EXPRESSIBLE = ("zero_init", "untie_head")  # switches the gpt2 architecture holds: an initialisation, an output.weight
@@ -192,8 +193,7 @@ def read_gguf(path: str) -> tuple[GPT, Tokenizer, bool]:
     }
     args = _model_args(fields, tensors, path)
     tok = _file_tokenizer(fields, path)
-    with torch.device("meta"):
-        model = GPT(GPTConfig(**args, vocab_size=tensors["token_embd.weight"].shape[0], dropout=0.0))
+    model = meta_gpt(GPTConfig(**args, vocab_size=tensors["token_embd.weight"].shape[0], dropout=0.0))
     model.load_state_dict(_gpt_state(tensors, args), strict=True, assign=True)
     if not model.config.untie_head:
         model.transformer.wte.weight = model.lm_head.weight  # assign=True replaced both: tie them again

@@ -33,6 +33,25 @@ LOCAL_OPTION = (
 )
 
 
+class _NoInitOnMeta(torch.overrides.TorchFunctionMode):
+    """nn.init.normal_ does nothing to a meta tensor, and runs torch's Python reference for it, whose first call
+    imports torch._dynamo: over a second of CPU for a model that is only shapes. Skipped. (A rotary model's tables
+    still take that route: their arange and pow on the meta device.)"""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensor = args[0] if args else kwargs.get("tensor")
+        if func is torch.nn.init.normal_ and isinstance(tensor, torch.Tensor) and tensor.is_meta:
+            return tensor
+        return func(*args, **kwargs)
+
+
+def meta_gpt(config: GPTConfig) -> GPT:
+    """A GPT of `config` on the meta device (shapes, no storage), for weights that are assigned afterwards."""
+    with torch.device("meta"), _NoInitOnMeta():
+        return GPT(config)
+
+
 def load_pretrained(
     name_or_folder: str, dropout: float = 0.0, block_size: int | None = None
 ) -> tuple[GPT, dict[str, Any]]:
@@ -59,8 +78,7 @@ def load_pretrained(
         )
     weights = _read_weights(folder)
     state = _from_nanochat(weights, args, folder) if nanochat else _to_gpt_state(weights, args, config, folder)
-    with torch.device("meta"):  # no random init of weights that are overwritten at once (gpt2-xl: 1.5B)
-        model = GPT(GPTConfig(**args, dropout=dropout))
+    model = meta_gpt(GPTConfig(**args, dropout=dropout))  # no random init of weights overwritten at once (1.5B)
     model.load_state_dict(state, strict=True, assign=True)
     if model.config.rotary:
         model.reset_rope()  # built on the meta device with the model: now where the weights are
@@ -271,8 +289,7 @@ def _to_gpt_state(
     if lm_head is not None and not config.get("tie_word_embeddings", True) and "wte.weight" in hf:
         if lm_head.shape != hf["wte.weight"].shape or not torch.equal(lm_head, hf["wte.weight"]):
             raise UserError(f"{folder}: lm_head.weight differs from wte.weight (untied embeddings); GPT ties them")
-    with torch.device("meta"):
-        expected = GPT(GPTConfig(**args)).state_dict()
+    expected = meta_gpt(GPTConfig(**args)).state_dict()
     state, problems = {}, []
     for key, like in expected.items():
         if key == "lm_head.weight":
@@ -296,8 +313,7 @@ def _to_gpt_state(
 def _from_nanochat(hf: dict[str, torch.Tensor], args: dict[str, Any], folder: str) -> dict[str, torch.Tensor]:
     """NanoChatForCausalLM's tensors as GPT's state_dict (float32): q, k and v joined into c_attn; checked."""
     hf = dict(hf)
-    with torch.device("meta"):
-        expected = GPT(GPTConfig(**args)).state_dict()
+    expected = meta_gpt(GPTConfig(**args)).state_dict()
     state, problems = {}, []
     for key, theirs in nanochat_names(args["n_layer"]).items():
         if "{}" in theirs:  # c_attn: q, k and v
