@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import popen_cli
 from gptforge.chat.render import chat_special_ids, render
 from gptforge.core.shape import MODEL_ARGS
 from gptforge.model.gpt import GPT, GPTConfig
@@ -162,15 +162,16 @@ def free_port() -> int:
 
 
 class Server:
-    """`gptforge serve ARGS --port 0` in a subprocess (on one thread unless `env` says otherwise; decoding eagerly,
-    as `chat -p` does, unless ARGS give --compile); `url` once it listens, its stderr kept in `log`."""
+    """`gptforge serve ARGS --port 0` in a process of its own (conftest.popen_cli), on one thread unless `env` says
+    otherwise, decoding eagerly (as `chat -p` does) unless ARGS give --compile; `url` once it listens, its stderr
+    kept in `log`."""
 
     def __init__(self, *args: str, env: dict | None = None, timeout: float = 120):
         args = tuple(map(str, args))
         eager = () if any(a.startswith("--compile") for a in args) else ("--compile=off",)
-        command = [sys.executable, "-m", "gptforge", "serve", "--port=0", "--device=cpu", *eager, *args]
-        full_env = {**os.environ, **(ONE_THREAD if env is None else env)}
-        self.proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=full_env)
+        self.proc = popen_cli(
+            "serve", "--port=0", "--device=cpu", *eager, *args, env=ONE_THREAD if env is None else env
+        )
         self.log: list[str] = []
         deadline, self.url = time.monotonic() + timeout, None
         while self.url is None:

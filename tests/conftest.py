@@ -34,6 +34,17 @@ def pytest_sessionstart(session):
     compileall.compile_dir(str(ROOT / "src"), quiet=1)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """The test modules as pytest rewrote them for its assertion messages are kept in tests/__pycache__, also where
+    PYTHONDONTWRITEBYTECODE=1: rewriting all of them took ~4 s of every worker's start in every run."""
+    before, sys.dont_write_bytecode = sys.dont_write_bytecode, False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = before
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` run only where CUDA is available."""
     import torch
@@ -196,19 +207,38 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict
     """`python -m gptforge ARGS` in a real process of its own; returns the CompletedProcess (text). The process is
     forked from a warm one that has imported torch (warm_cli.py), or, where the environment differs in what an
     import may read (or GPTFORGE_TEST_FRESH_CLI=1), a new interpreter."""
-    full_env = cli_env(env)
-    argv = [str(arg) for arg in args]
-    changed = {k for k in full_env.keys() | _START_ENV.keys() if full_env.get(k) != _START_ENV.get(k)}
-    if FRESH_CLI or any(k.startswith(IMPORT_TIME_VARIABLES) for k in changed):
+    full_env, argv = cli_env(env), [str(arg) for arg in args]
+    warm = _warm_cli(full_env)
+    if warm is None:
         return subprocess.run(
             [sys.executable, "-m", "gptforge", *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout,
             env=full_env,
         )  # fmt: skip
+    return warm.run(argv, str(cwd or os.getcwd()), full_env, timeout)
+
+
+def popen_cli(*args: str, cwd: Path | None = None, env: dict | None = None):
+    """`python -m gptforge ARGS` started and not awaited, its stderr a pipe (text), as run_cli chooses the process:
+    a subprocess.Popen, or warm_cli's WarmProcess with the same pid, stderr, poll, wait, send_signal, kill and
+    communicate. For commands that run until told to stop (serve)."""
+    full_env, argv = cli_env(env), [str(arg) for arg in args]
+    warm = _warm_cli(full_env)
+    if warm is None:
+        command = [sys.executable, "-m", "gptforge", *argv]
+        return subprocess.Popen(command, cwd=cwd, stderr=subprocess.PIPE, text=True, env=full_env)
+    return warm.popen(argv, str(cwd or os.getcwd()), full_env)
+
+
+def _warm_cli(full_env: dict):
+    """The session's warm process (started on first use), or None where a new interpreter must run the command."""
+    changed = {k for k in full_env.keys() | _START_ENV.keys() if full_env.get(k) != _START_ENV.get(k)}
+    if FRESH_CLI or any(k.startswith(IMPORT_TIME_VARIABLES) for k in changed):
+        return None
     if not _warm:
         from warm_cli import WarmCli
 
         _warm.append(WarmCli(_START_ENV))
-    return _warm[0].run(argv, str(cwd or os.getcwd()), full_env, timeout)
+    return _warm[0]
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -12,14 +12,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from urllib.parse import urlparse
 
 import pytest
 
 from chat_tools import MEMORISED, ONE_THREAD, SYSTEM, Server, base_run, chat_run, tiny_model, write_run
-from conftest import TIKTOKEN_CACHE, need_shared, run_cli
+from conftest import TIKTOKEN_CACHE, need_shared, popen_cli, run_cli
 
 openai = pytest.importorskip("openai")
 requests = pytest.importorskip("requests")
@@ -342,17 +341,7 @@ def test_ctrl_c_while_the_decode_step_compiles_stops_the_server(tmp_path):
         pytest.skip("no C++ compiler")
     need_shared(TIKTOKEN_CACHE)
     folder = base_run(tmp_path / "run")
-    command = [
-        sys.executable,
-        "-m",
-        "gptforge",
-        "serve",
-        "--port=0",
-        "--device=cpu",
-        "--compile=on",
-        f"--out_dir={folder}",
-    ]
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, **ONE_THREAD})
+    proc = popen_cli("serve", "--port=0", "--device=cpu", "--compile=on", f"--out_dir={folder}", env=ONE_THREAD)
     log = []
     for line in proc.stderr:
         log.append(line)

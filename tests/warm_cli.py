@@ -8,6 +8,9 @@ The command process is a real, separate process running `python -m gptforge` as 
 working directory and environment, sys.path[0] the working directory, sys.argv as `-m` sets it, stdin from
 /dev/null, stdout and stderr to files the test reads, the module run as __main__ (cli.main.entry: quick exit,
 exit codes, tracebacks as a fresh interpreter prints them); SIGKILL on timeout, as subprocess.run does.
+A command that runs until it is stopped (serve) is started with `popen` instead (conftest.popen_cli): its stderr
+a pipe whose writing end is passed to the command process over the socket, its pid there for signals, its exit
+status from the waiter when it ends.
 
 What it shares with its siblings: the modules imported before the fork, and Python's hash seed. The tests that
 compare whole processes started apart (kill -9 campaigns, torchrun, resume across processes in test_faults.py,
@@ -20,11 +23,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 
@@ -63,7 +69,7 @@ def _command_process(request: dict) -> None:
         os.environ.update(request["env"])
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if path else request["stderr_fd"], fd)
         sys.path[0] = request["cwd"]  # what `python -m` puts first
         sys.argv = ["-m", *request["args"]]  # runpy sets argv[0] to the module's file, as -m does
         random.seed()
@@ -88,13 +94,13 @@ def _command_process(request: dict) -> None:
 
 def _waiter(conn: socket.socket, request: dict) -> None:
     """In the forked waiter: start the command process, say its pid, then its exit status; never returns."""
-    import signal
-
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     pid = os.fork()
     if pid == 0:
         conn.close()
         _command_process(request)
+    if request.get("stderr_fd") is not None:
+        os.close(request["stderr_fd"])  # the command's copy alone: its end is the pipe's end
     try:
         _send(conn, {"pid": pid})
         _, status = os.waitpid(pid, 0)
@@ -105,8 +111,6 @@ def _waiter(conn: socket.socket, request: dict) -> None:
 
 def serve(address: str) -> None:
     """The warm process: import what every command imports, then fork a waiter per connection."""
-    import signal
-
     import numpy  # noqa: F401
     import torch  # noqa: F401
 
@@ -120,10 +124,14 @@ def serve(address: str) -> None:
     while True:
         conn, _ = listener.accept()
         request = _receive(conn)
+        if request["stderr"] is None:  # a pipe's writing end follows, for the command's stderr
+            request["stderr_fd"] = socket.recv_fds(conn, 1, 1)[1][0]
         if os.fork() == 0:
             listener.close()
             _waiter(conn, request)
         conn.close()
+        if request["stderr"] is None:
+            os.close(request["stderr_fd"])
 
 
 class WarmCli:
@@ -171,6 +179,22 @@ class WarmCli:
         err.unlink()
         return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
 
+    def popen(self, args: list[str], cwd: str, env: dict) -> WarmProcess:
+        """The command started, not awaited: subprocess.Popen(..., stderr=PIPE, text=True)'s part the tests use."""
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+        self.count += 1
+        out = self.folder / f"{self.count}.out"
+        read_end, write_end = os.pipe()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self.address)
+        _send(conn, {"args": args, "cwd": cwd, "env": env, "stdout": str(out), "stderr": None})
+        socket.send_fds(conn, [b"\0"], [write_end])
+        os.close(write_end)
+        conn.settimeout(60)
+        pid = _receive(conn)["pid"]
+        return WarmProcess([sys.executable, "-m", "gptforge", *args], pid, conn, os.fdopen(read_end))
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
@@ -178,6 +202,51 @@ class WarmCli:
         for path in self.folder.iterdir():
             path.unlink()
         self.folder.rmdir()
+
+
+class WarmProcess:
+    """A command process forked by the warm process, as a test drives a subprocess.Popen: pid, stderr (a pipe, text),
+    poll, wait, send_signal, kill, communicate. Its exit status comes from its waiter over `conn`."""
+
+    def __init__(self, args: list[str], pid: int, conn: socket.socket, stderr):
+        self.args, self.pid, self.conn, self.stderr = args, pid, conn, stderr
+        self.returncode: int | None = None
+
+    def _collect(self, timeout: float | None) -> None:
+        self.conn.settimeout(timeout)
+        try:
+            self.returncode = _receive(self.conn)["returncode"]
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(self.args, timeout) from None
+        self.conn.close()
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self.conn], [], [], 0)[0]:
+            self._collect(None)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._collect(timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[None, str]:
+        """(None, the rest of stderr) once the command has ended; TimeoutExpired if it has not after `timeout` s."""
+        rest: list[str] = []
+        reader = threading.Thread(target=lambda: rest.append(self.stderr.read()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if reader.is_alive():
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(timeout)
+        return None, rest[0]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 if __name__ == "__main__":
