@@ -155,9 +155,11 @@ def test_second_signal_during_the_stop_checkpoint_write(char_data, tmp_path):
     # after the line of step 4, not the checkpoint's: a signal during an evaluation's checkpoint stops the run
     # right there, that checkpoint serving as the stop checkpoint
     assert child.wait_for(lambda line: line.startswith("iter 4:"), deadline)
+    # the next ckpt.pt written is the stop checkpoint: hold it mid-write. Armed before the signal: armed after its
+    # line, the test (descheduled on a busy machine) was now and then later than the whole stop checkpoint
+    (out / "ARMED").touch()
     child.proc.send_signal(signal.SIGTERM)  # inside step 5; the stop checkpoint comes at step 6
     assert child.wait_for(lambda line: line.startswith("SIGTERM: finishing this step"), deadline)
-    (out / "ARMED").touch()  # the next ckpt.pt written is the stop checkpoint: hold it mid-write
     child.wait_for(lambda line: False, deadline, poll=(out / "HOLDING").exists)
     assert (out / "HOLDING").exists(), "the stop checkpoint's write was never reached"
     tmp = Path((out / "HOLDING").read_text())
