@@ -137,7 +137,8 @@ def _raw_model(model: torch.nn.Module) -> torch.nn.Module:
 
 def _sharded(model: torch.nn.Module) -> bool:
     """Whether the GPT is sharded with FSDP (fully_shard), so that each forward needs every rank. Only a process that
-    has imported FSDP can hold a sharded model: one that has not is not made to (over a second of CPU)."""
+    has imported FSDP can hold a sharded model: one that has not is not made to (a slow import,
+    docs/lab/2026-11-30-epyc-zen4-suite.md)."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
     return fsdp is not None and isinstance(_raw_model(model), fsdp.FSDPModule)
 

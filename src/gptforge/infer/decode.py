@@ -70,7 +70,8 @@ class DecodeStep:
     cache of the same shape (a chat's, the server's slots)."""
 
     def __init__(self, model: GPT):
-        import torch._inductor.config  # here, not at the top: a second to import, which eager decoding never needs
+        # here, not at the top: a slow import eager decoding never needs (docs/lab/2026-11-30-epyc-zen4-suite.md)
+        import torch._inductor.config
 
         self.model = model
         self.compiled = torch.compile(self._run)

@@ -35,8 +35,8 @@ LOCAL_OPTION = (
 
 class _NoInitOnMeta(torch.overrides.TorchFunctionMode):
     """nn.init.normal_ does nothing to a meta tensor, and runs torch's Python reference for it, whose first call
-    imports torch._dynamo: over a second of CPU for a model that is only shapes. Skipped. (A rotary model's tables
-    still take that route: their arange and pow on the meta device.)"""
+    imports torch._dynamo, a slow import for a model that is only shapes (docs/lab/2026-11-30-epyc-zen4-suite.md).
+    Skipped. (A rotary model's tables still take that route: their arange and pow on the meta device.)"""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
