@@ -157,17 +157,10 @@ class WarmCli:
             raise RuntimeError(f"the warm gptforge process did not start (exit {self.process.poll()})")
 
     def run(self, args: list[str], cwd: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
-        if self.process is None or self.process.poll() is not None:
-            self.start()
-        self.count += 1
-        out, err = self.folder / f"{self.count}.out", self.folder / f"{self.count}.err"
-        request = {"args": args, "cwd": cwd, "env": env, "stdout": str(out), "stderr": str(err)}
+        out, err = self._files()
         argv = [sys.executable, "-m", "gptforge", *args]
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.connect(self.address)
-            _send(conn, request)
-            conn.settimeout(60)
-            pid = _receive(conn)["pid"]
+        conn, pid = self._command({"args": args, "cwd": cwd, "env": env, "stdout": str(out), "stderr": str(err)})
+        with conn:
             conn.settimeout(timeout)
             try:
                 returncode = _receive(conn)["returncode"]
@@ -181,19 +174,29 @@ class WarmCli:
 
     def popen(self, args: list[str], cwd: str, env: dict) -> WarmProcess:
         """The command started, not awaited: subprocess.Popen(..., stderr=PIPE, text=True)'s part the tests use."""
+        read_end, write_end = os.pipe()
+        request = {"args": args, "cwd": cwd, "env": env, "stdout": str(self._files()[0]), "stderr": None}
+        conn, pid = self._command(request, write_end)
+        os.close(write_end)
+        return WarmProcess([sys.executable, "-m", "gptforge", *args], pid, conn, os.fdopen(read_end))
+
+    def _files(self) -> tuple[Path, Path]:
+        """This command's stdout and stderr files in the session's folder."""
+        self.count += 1
+        return self.folder / f"{self.count}.out", self.folder / f"{self.count}.err"
+
+    def _command(self, request: dict, stderr_fd: int | None = None) -> tuple[socket.socket, int]:
+        """The request sent to the warm process (started first if it is not running), with the pipe's writing end
+        for the command's stderr when given; the open connection and the command process's pid."""
         if self.process is None or self.process.poll() is not None:
             self.start()
-        self.count += 1
-        out = self.folder / f"{self.count}.out"
-        read_end, write_end = os.pipe()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.address)
-        _send(conn, {"args": args, "cwd": cwd, "env": env, "stdout": str(out), "stderr": None})
-        socket.send_fds(conn, [b"\0"], [write_end])
-        os.close(write_end)
+        _send(conn, request)
+        if stderr_fd is not None:
+            socket.send_fds(conn, [b"\0"], [stderr_fd])
         conn.settimeout(60)
-        pid = _receive(conn)["pid"]
-        return WarmProcess([sys.executable, "-m", "gptforge", *args], pid, conn, os.fdopen(read_end))
+        return conn, _receive(conn)["pid"]
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -75,7 +75,6 @@ class DecodeStep:
 
         self.model = model
         self.compiled = torch.compile(self._run)
-        self.inductor_config = torch._inductor.config
 
     def _run(self, tokens, lengths, ks, vs):
         return decode_logits(self.model, tokens, lengths, ks, vs)
@@ -86,7 +85,7 @@ class DecodeStep:
             torch._dynamo.mark_dynamic(lengths, 0)
         # Freezing: the weights become constants of the graph, packed once for the CPU's matrix kernels (inference
         # only: the weights must not change afterwards). Read when a graph is compiled, inside this call (~16 us).
-        with self.inductor_config.patch(freezing=True):
+        with torch._inductor.config.patch(freezing=True):  # imported by __init__
             return self.compiled(tokens, lengths, ks, vs)
 
 
